@@ -1,0 +1,42 @@
+"""mouthguard: importance-aware storage for AI training and inference.
+
+The public API::
+
+    import mouthguard
+    store = mouthguard.open_store("./mouthguard-store")
+    ckpt = mouthguard.Checkpointer(store, run="my-run")
+    ckpt.save(step, state, importance="milestone")
+    loaded = ckpt.load()            # newest valid checkpoint, verified
+"""
+
+__version__ = "0.1.0"
+
+from mouthguard.checkpoint import (  # noqa: E402 - __version__ first: the writer records it
+    CheckpointInfo,
+    Checkpointer,
+    CopyInfo,
+    LoadedCheckpoint,
+    Store,
+    TrainingState,
+    capture_rng_state,
+    open_store,
+    restore_rng_state,
+)
+from mouthguard.errors import CheckpointFallbackWarning, MouthguardError  # noqa: E402
+from mouthguard.policy.importance import Importance  # noqa: E402
+
+__all__ = [
+    "CheckpointFallbackWarning",
+    "CheckpointInfo",
+    "Checkpointer",
+    "CopyInfo",
+    "Importance",
+    "LoadedCheckpoint",
+    "MouthguardError",
+    "Store",
+    "TrainingState",
+    "__version__",
+    "capture_rng_state",
+    "open_store",
+    "restore_rng_state",
+]

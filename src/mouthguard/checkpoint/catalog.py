@@ -1,0 +1,132 @@
+"""Where checkpoints live on a tier, and how to find the committed ones.
+
+Layout on every tier::
+
+    <run>/<step:012d>/rank-00000.safetensors
+    <run>/<step:012d>/manifest.json            # present = committed on this tier
+    <run>/<step:012d>/sidecar.<kind>.json       # mutable facts (receipts, holds, ...)
+    <run>/<step:012d>.partial-<id>/...          # a save in progress, or its leftovers
+    <run>/<step:012d>.rejected-<id>/...         # a damaged checkpoint set aside by a re-save
+
+Only directories named exactly twelve digits and holding ``manifest.json`` are
+checkpoints. Everything else under a run is invisible to readers; partial
+directories are garbage once older than a grace period.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from mouthguard.format.manifest import MANIFEST_NAME
+from mouthguard.tiers.base import Tier
+from mouthguard.tiers.keys import validate_segment
+
+_STEP_DIR = re.compile(r"\d{12}")
+_PARTIAL_DIR = re.compile(r"(\d{12})\.partial-([0-9a-f]{8,64})")
+RANK_FILE_PATTERN = "rank-{rank:05d}.safetensors"
+
+
+def validate_run(run: str) -> str:
+    """Return ``run`` if it is a valid run name (a safe path segment), else raise."""
+    try:
+        return validate_segment(run)
+    except Exception:
+        raise ValueError(
+            f"invalid run name {run!r}: use letters, digits, '_', '.', '-', '=', '+' "
+            "(not starting with '.' or '-')"
+        ) from None
+
+
+def step_dir(step: int) -> str:
+    """Directory name of ``step`` (zero padded so names sort by step)."""
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**12:
+        raise ValueError(f"invalid step {step!r}: must be an integer in [0, 10**12)")
+    return f"{step:012d}"
+
+
+def checkpoint_prefix(run: str, step: int) -> str:
+    """Key prefix (ending with ``/``) of a committed checkpoint."""
+    return f"{validate_run(run)}/{step_dir(step)}/"
+
+
+def manifest_key(run: str, step: int) -> str:
+    """Key of a committed checkpoint's manifest."""
+    return checkpoint_prefix(run, step) + MANIFEST_NAME
+
+
+def partial_prefix(run: str, step: int, txn: str) -> str:
+    """Key prefix (ending with ``/``) of an in-progress save."""
+    return f"{validate_run(run)}/{step_dir(step)}.partial-{txn}/"
+
+
+def rejected_prefix(run: str, step: int, txn: str) -> str:
+    """Key prefix where a damaged committed checkpoint is set aside (invisible to readers)."""
+    return f"{validate_run(run)}/{step_dir(step)}.rejected-{txn}/"
+
+
+def rank_file_name(rank: int) -> str:
+    """Name of rank ``rank``'s file."""
+    return RANK_FILE_PATTERN.format(rank=rank)
+
+
+def list_runs(tier: Tier) -> list[str]:
+    """Runs that have anything on ``tier``."""
+    return tier.list_dirs("")
+
+
+def step_dirs(tier: Tier, run: str) -> list[int]:
+    """Steps that have a (possibly uncommitted) step directory on ``tier``, ascending."""
+    return sorted(int(d) for d in tier.list_dirs(f"{validate_run(run)}/") if _STEP_DIR.fullmatch(d))
+
+
+def committed_steps(tier: Tier, run: str) -> list[int]:
+    """Steps whose manifest exists on ``tier``, ascending. Says nothing about validity."""
+    return [s for s in step_dirs(tier, run) if tier.exists(manifest_key(run, s))]
+
+
+@dataclass(frozen=True)
+class PartialSave:
+    """Leftovers of a save that never committed on a tier."""
+
+    run: str
+    step: int
+    prefix: str
+    age_seconds: float
+    nbytes: int
+
+
+def partial_saves(tier: Tier, run: str, *, now: float | None = None) -> list[PartialSave]:
+    """List in-progress or abandoned saves of ``run`` on ``tier``, with their age.
+
+    Age is measured from the newest object inside, so a slow save that is still
+    writing keeps looking young.
+    """
+    now = time.time() if now is None else now
+    found = []
+    for name in tier.list_dirs(f"{validate_run(run)}/"):
+        match = _PARTIAL_DIR.fullmatch(name)
+        if match is None:
+            continue
+        prefix = f"{run}/{name}/"
+        infos = [tier.head(key) for key in tier.list(prefix)]
+        newest = max((i.mtime or 0.0 for i in infos), default=0.0)
+        found.append(
+            PartialSave(run, int(match.group(1)), prefix, now - newest, sum(i.size for i in infos))
+        )
+    return found
+
+
+def collect_partial_saves(tier: Tier, run: str, *, grace_seconds: float, now: float | None = None) -> list[PartialSave]:
+    """Delete abandoned partial saves older than ``grace_seconds``; return what was removed.
+
+    The grace period protects saves still in flight in another process: only
+    directories whose newest object is older than the grace are removed.
+    """
+    removed = []
+    for partial in partial_saves(tier, run, now=now):
+        if partial.age_seconds >= grace_seconds:
+            tier.delete_prefix(partial.prefix)
+            removed.append(partial)
+    return removed

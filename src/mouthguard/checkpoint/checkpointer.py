@@ -1,0 +1,291 @@
+"""``Checkpointer``: save, list and load verified checkpoints of one run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from collections.abc import Mapping
+
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
+from mouthguard.checkpoint.reader import load_copy, read_manifest, verify_copy
+from mouthguard.checkpoint.receipts import read_receipt
+from mouthguard.checkpoint.store import Store, open_store
+from mouthguard.checkpoint.writer import (
+    commit,
+    framework_versions,
+    new_transaction_id,
+    staging_prefix,
+    utc_now,
+    write_rank_file,
+)
+from mouthguard.errors import (
+    CheckpointExistsError,
+    CheckpointFallbackWarning,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    MouthguardError,
+    NoValidCheckpointError,
+    StateMismatchError,
+)
+from mouthguard.format import typed_json
+from mouthguard.format.manifest import Manifest
+from mouthguard.format.state_tree import flatten_state
+from mouthguard.policy.importance import Importance, parse_importance
+from mouthguard.tiers.base import Tier
+
+log = logging.getLogger(__name__)
+
+#: Partial saves younger than this are assumed to be still in flight.
+DEFAULT_GRACE_SECONDS = 3600.0
+
+
+class Checkpointer:
+    """Saves and loads checkpoints of one training run.
+
+    Guarantees:
+
+    * ``save`` returns only after the checkpoint is committed and durable on the
+      fast tier; a crash at any moment leaves either the complete checkpoint or
+      nothing that ``list``/``load`` accept.
+    * ``load`` checks every byte against the manifest's checksums while reading,
+      and with ``step=None`` falls back to the next older valid checkpoint (with a
+      :class:`CheckpointFallbackWarning` naming what was wrong).
+    * Nothing is pickled: tensors go to safetensors rank files, everything else to
+      typed JSON in the manifest.
+
+    Args:
+        store: a :class:`Store`, or a path accepted by :func:`open_store`.
+        run: the run's name (a safe path segment).
+        with_sha256: also record sha256 of every file (tamper evidence, slower).
+    """
+
+    def __init__(
+        self, store: Store | str | os.PathLike[str], run: str, *, with_sha256: bool = False
+    ) -> None:
+        self.store = store if isinstance(store, Store) else open_store(store)
+        self.run = catalog.validate_run(run)
+        self.with_sha256 = with_sha256
+
+    # --- save ------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        state: object,
+        importance: str | Importance = "routine",
+        *,
+        reference: Mapping[str, object] | None = None,
+    ) -> CheckpointInfo:
+        """Save ``state`` as checkpoint ``step``; committed and durable when it returns.
+
+        Args:
+            step: the training step (unique within the run).
+            state: nested dicts/lists/tuples of tensors and plain values.
+            importance: ``transient``, ``routine``, ``milestone``, ``critical`` (or
+                ``golden``); recorded in the manifest.
+            reference: optional values (e.g. ``{"loss": 2.31}``) stored with the
+                checkpoint to sanity-check a resume.
+
+        Raises:
+            UnsupportedStateError: ``state`` holds something that needs pickle.
+            CheckpointExistsError: ``step`` is already committed.
+            TierError: the tier failed (the partial save is removed).
+        """
+        level = parse_importance(importance)
+        catalog.step_dir(step)
+        started = time.perf_counter()
+        flat = flatten_state(state)
+        reference_json = None if reference is None else typed_json.encode(dict(reference), root="reference")
+        tier = self.store.fast
+        if tier.exists(catalog.manifest_key(self.run, step)):
+            self._set_aside_if_damaged(tier, step)
+        staging = staging_prefix(tier, self.run, step, new_transaction_id())
+        final = catalog.checkpoint_prefix(self.run, step)
+        try:
+            record, tensors = write_rank_file(
+                tier,
+                staging,
+                rank=0,
+                flat=flat,
+                metadata={"format": "mouthguard.checkpoint", "run": self.run, "step": str(step), "rank": "0"},
+                with_sha256=self.with_sha256,
+            )
+            manifest = Manifest(
+                run=self.run,
+                step=step,
+                importance=level,
+                created=utc_now(),
+                world_size=1,
+                files=(record,),
+                tensors=tuple(tensors),
+                states=(flat.skeleton,),
+                framework=framework_versions(),
+                reference=reference_json,
+            )
+            commit(tier, staging, final, manifest)
+        except BaseException:
+            if staging != final:
+                _remove_quietly(tier, staging)
+            raise
+        elapsed = time.perf_counter() - started
+        log.info(
+            "saved %s step %d (%s, %d bytes) in %.3f s", self.run, step, level.value, manifest.nbytes, elapsed
+        )
+        copy = CopyInfo(tier=tier.name, location=tier.location(final))
+        return CheckpointInfo.from_manifest(manifest, (copy,), save_seconds=elapsed)
+
+    def _set_aside_if_damaged(self, tier: Tier, step: int) -> None:
+        """Handle a save onto an already committed step.
+
+        A resumed run that fell back past a damaged checkpoint will save that step
+        again. The old copy is verified: if it is valid the save is refused; if it
+        is damaged it is renamed to an invisible ``<step>.rejected-<id>`` directory
+        (kept for inspection, never deleted here) so the new save can commit.
+        """
+        prefix = catalog.checkpoint_prefix(self.run, step)
+        try:
+            verify_copy(tier, prefix, read_manifest(tier, self.run, step))
+        except MouthguardError as exc:
+            if not tier.capabilities.atomic_rename:
+                raise CheckpointExistsError(
+                    f"checkpoint {self.run} step {step} exists (damaged: {exc}) and tier "
+                    f"{tier.name!r} cannot set it aside"
+                ) from None
+            aside = catalog.rejected_prefix(self.run, step, new_transaction_id())
+            tier.rename_prefix(prefix.rstrip("/"), aside.rstrip("/"))
+            log.warning("set aside damaged %s step %d as %s: %s", self.run, step, aside, exc)
+            return
+        raise CheckpointExistsError(f"checkpoint {self.run} step {step} already exists")
+
+    # --- list ------------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        """Committed steps on any tier (manifest present), ascending; validity unchecked."""
+        found: set[int] = set()
+        for tier in self.store.tiers:
+            found.update(catalog.committed_steps(tier, self.run))
+        return sorted(found)
+
+    def list(self) -> list[CheckpointInfo]:
+        """Committed checkpoints with a readable manifest, ascending by step.
+
+        A step directory without a manifest is invisible. A committed checkpoint
+        whose manifest is damaged on every tier is left out (``verify`` reports it).
+        """
+        infos = []
+        for step in self.steps():
+            info = self.info(step, missing_ok=True)
+            if info is not None:
+                infos.append(info)
+        return infos
+
+    def info(self, step: int, *, missing_ok: bool = False) -> CheckpointInfo | None:
+        """Info of ``step`` from the first readable manifest, with every tier's copy."""
+        manifest: Manifest | None = None
+        copies = []
+        for tier in self.store.tiers:
+            if not tier.exists(catalog.manifest_key(self.run, step)):
+                continue
+            try:
+                found = read_manifest(tier, self.run, step)
+            except MouthguardError as exc:
+                log.warning("%s step %d on tier %s: %s", self.run, step, tier.name, exc)
+                continue
+            manifest = manifest or found
+            verified_at = read_receipt(tier, self.run, step)
+            copies.append(
+                CopyInfo(
+                    tier=tier.name,
+                    location=tier.location(catalog.checkpoint_prefix(self.run, step)),
+                    verified=verified_at is not None,
+                    verified_at=verified_at,
+                )
+            )
+        if manifest is None:
+            if missing_ok:
+                return None
+            raise CheckpointNotFoundError(f"no readable checkpoint {self.run} step {step}")
+        return CheckpointInfo.from_manifest(manifest, tuple(copies))
+
+    # --- load ------------------------------------------------------------------
+
+    def load(self, step: int | None = None, into: object = None) -> LoadedCheckpoint:
+        """Load a checkpoint, verifying every byte.
+
+        Args:
+            step: the step to load; ``None`` loads the newest *valid* checkpoint,
+                falling back past damaged ones with a :class:`CheckpointFallbackWarning`.
+            into: optional state whose tensors (matched by key path, same dtype and
+                shape) are filled in place and returned instead of new tensors. If
+                every candidate fails, their contents are undefined.
+
+        Raises:
+            CheckpointNotFoundError: nothing is committed (for ``step``, or at all).
+            CorruptCheckpointError: every copy of the requested ``step`` is damaged.
+            NoValidCheckpointError: ``step=None`` and no checkpoint is valid.
+            StateMismatchError: ``into`` does not fit the checkpoint.
+        """
+        candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
+        if step is not None:
+            catalog.step_dir(step)
+        rejected: list[Rejection] = []
+        for candidate in candidates:
+            loaded = self._load_step(candidate, into, rejected, fallback=step is None)
+            if loaded is not None:
+                return loaded
+        if not rejected:
+            what = f"step {step}" if step is not None else "any step"
+            raise CheckpointNotFoundError(f"run {self.run!r} has no committed checkpoint for {what}")
+        reasons = "; ".join(f"step {r.step} on {r.tier}: {r.reason}" for r in rejected)
+        if step is not None:
+            raise CorruptCheckpointError(f"every copy of {self.run} step {step} is damaged: {reasons}")
+        raise NoValidCheckpointError(f"run {self.run!r} has no valid checkpoint: {reasons}")
+
+    def _load_step(
+        self, step: int, into: object, rejected: list[Rejection], *, fallback: bool
+    ) -> LoadedCheckpoint | None:
+        prefix = catalog.checkpoint_prefix(self.run, step)
+        for tier in self._tiers_holding(step):
+            try:
+                manifest = read_manifest(tier, self.run, step)
+                state = load_copy(tier, prefix, manifest, into=into)
+            except StateMismatchError:
+                raise
+            except MouthguardError as exc:
+                rejected.append(Rejection(step, tier.name, str(exc)))
+                then = "trying another copy or an older checkpoint" if fallback else "trying another copy"
+                warnings.warn(
+                    f"checkpoint {self.run} step {step} on tier {tier.name!r} rejected: {exc}; {then}",
+                    CheckpointFallbackWarning,
+                    stacklevel=4,
+                )
+                log.warning("rejected %s step %d on %s: %s", self.run, step, tier.name, exc)
+                continue
+            copy = CopyInfo(tier=tier.name, location=tier.location(prefix))
+            info = CheckpointInfo.from_manifest(manifest, (copy,))
+            return LoadedCheckpoint(step, state, info, tier.name, list(rejected))
+        return None
+
+    def _tiers_holding(self, step: int) -> list[Tier]:
+        key = catalog.manifest_key(self.run, step)
+        return [t for t in self.store.tiers if t.exists(key)]
+
+    # --- housekeeping ----------------------------------------------------------
+
+    def collect_garbage(self, *, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> list[catalog.PartialSave]:
+        """Remove leftovers of interrupted saves older than ``grace_seconds`` on every tier."""
+        removed = []
+        for tier in self.store.tiers:
+            removed.extend(catalog.collect_partial_saves(tier, self.run, grace_seconds=grace_seconds))
+        return removed
+
+
+def _remove_quietly(tier: Tier, prefix: str) -> None:
+    """Best-effort cleanup of a failed save; the original error is what matters."""
+    try:
+        tier.delete_prefix(prefix)
+    except MouthguardError as exc:
+        log.warning("could not remove partial save %s on %s: %s", prefix, tier.name, exc)

@@ -1,0 +1,128 @@
+"""Result types of the checkpoint API."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from mouthguard.format.manifest import FileRecord, Manifest
+from mouthguard.format.typed_json import JsonValue
+from mouthguard.policy.importance import Importance
+
+
+@dataclass(frozen=True)
+class CopyInfo:
+    """One tier's copy of a checkpoint.
+
+    Attributes:
+        tier: the tier's name.
+        location: the directory path or URL prefix holding the copy's files.
+        verified: a read-back verification of this copy has succeeded.
+        verified_at: when that verification happened, if ever.
+    """
+
+    tier: str
+    location: str
+    verified: bool = False
+    verified_at: dt.datetime | None = None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """JSON form used by ``mouthguard show --json``."""
+        return {
+            "tier": self.tier,
+            "location": self.location,
+            "verified": self.verified,
+            "verified_at": None if self.verified_at is None else self.verified_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What is known about one committed checkpoint (from its manifest and copies).
+
+    Attributes:
+        run: run name.
+        step: training step.
+        importance: the importance recorded at save time.
+        created: commit time (UTC).
+        nbytes: bytes of the checkpoint's files (what a copy occupies).
+        tensor_bytes: bytes of tensor payload.
+        world_size: number of ranks (one file each).
+        files: the files of the checkpoint.
+        copies: one entry per tier holding a committed copy.
+        save_seconds: wall time of the save that produced this info (only on save).
+    """
+
+    run: str
+    step: int
+    importance: Importance
+    created: dt.datetime
+    nbytes: int
+    tensor_bytes: int
+    world_size: int
+    files: tuple[FileRecord, ...]
+    copies: tuple[CopyInfo, ...] = ()
+    save_seconds: float | None = None
+
+    @classmethod
+    def from_manifest(
+        cls, manifest: Manifest, copies: tuple[CopyInfo, ...] = (), save_seconds: float | None = None
+    ) -> CheckpointInfo:
+        """Build the info of a checkpoint from its manifest."""
+        return cls(
+            run=manifest.run,
+            step=manifest.step,
+            importance=manifest.importance,
+            created=manifest.created,
+            nbytes=manifest.nbytes,
+            tensor_bytes=manifest.tensor_bytes,
+            world_size=manifest.world_size,
+            files=manifest.files,
+            copies=copies,
+            save_seconds=save_seconds,
+        )
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """JSON form used by ``mouthguard show --json`` and ``ls --json``."""
+        return {
+            "run": self.run,
+            "step": self.step,
+            "importance": self.importance.value,
+            "created": self.created.isoformat(),
+            "nbytes": self.nbytes,
+            "tensor_bytes": self.tensor_bytes,
+            "world_size": self.world_size,
+            "files": [
+                {"name": f.name, "size": f.size, "checksum": f.checksum, "sha256": f.sha256}
+                for f in self.files
+            ],
+            "copies": [c.to_json() for c in self.copies],
+        }
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A copy that ``load()`` skipped, and why."""
+
+    step: int
+    tier: str
+    reason: str
+
+
+@dataclass
+class LoadedCheckpoint:
+    """The result of ``Checkpointer.load``.
+
+    Attributes:
+        step: the step that was loaded.
+        state: the restored state.
+        info: the loaded checkpoint's info.
+        tier: the tier the bytes were read from.
+        rejected: newer or preferred copies that failed verification, newest first.
+    """
+
+    step: int
+    state: object
+    info: CheckpointInfo
+    tier: str
+    rejected: list[Rejection] = field(default_factory=list)

@@ -1,0 +1,257 @@
+"""Reading a checkpoint copy from one tier with every byte verified.
+
+Rank files are read sequentially in file order, in chunks, straight into the
+destination tensors' memory; each chunk is fed to the checksum right after it
+lands (still in cache), so verification needs no second pass and no second copy
+of the state. Before any tensor byte is trusted the copy is checked against its
+manifest: the object's size, the rank file's own safetensors header, and the
+coverage of every tensor. A copy is accepted only when the full-file checksum
+matches.
+
+Contract for ``into=``: when a load fails verification the ``into`` tensors may
+already hold some bytes of the rejected copy. The caller (``Checkpointer.load``)
+falls back to an older copy, which overwrites them entirely; if nothing valid is
+left it raises, and the ``into`` contents are then undefined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from mouthguard.checkpoint.catalog import manifest_key
+from mouthguard.errors import (
+    ChecksumMismatchError,
+    FormatError,
+    ManifestError,
+    RankFileError,
+    StateMismatchError,
+    TierError,
+)
+from mouthguard.format import typed_json
+from mouthguard.format.checksum import StreamHasher
+from mouthguard.format.dtypes import torch_dtype
+from mouthguard.format.manifest import FileRecord, Manifest, TensorRecord, parse_manifest
+from mouthguard.format.rank_file import byte_view, parse_header
+from mouthguard.format.state_tree import (
+    STORAGE_PREFIX,
+    iter_tensors,
+    tensor_references,
+    unflatten_state,
+)
+from mouthguard.tiers.base import Tier
+
+READ_CHUNK_BYTES = 16 * 1024 * 1024
+
+
+def read_manifest(tier: Tier, run: str, step: int) -> Manifest:
+    """Read and validate the manifest of ``run``/``step`` on ``tier``.
+
+    Raises:
+        ObjectNotFoundError: the checkpoint is not committed on this tier.
+        ManifestError: the manifest is corrupt, hostile, or names another run/step.
+    """
+    manifest = parse_manifest(tier.get(manifest_key(run, step)))
+    if manifest.run != run or manifest.step != step:
+        raise ManifestError(
+            f"manifest in {run}/{step} describes {manifest.run}/{manifest.step} (moved or forged)"
+        )
+    return manifest
+
+
+@dataclass
+class _Target:
+    """One tensor being read: the bytes to fill and the tensor that owns them."""
+
+    record: TensorRecord
+    tensor: torch.Tensor
+    copy_to: torch.Tensor | None = None  # an ``into`` tensor filled after verification
+
+
+def _check_object(tier: Tier, key: str, record: FileRecord) -> None:
+    info = tier.head(key)
+    if info.size != record.size:
+        raise ChecksumMismatchError(
+            f"{record.name}: size is {info.size} bytes, manifest says {record.size} "
+            "(truncated, extended or replaced)"
+        )
+
+
+def _check_header(header: bytes, record: FileRecord, expected: list[TensorRecord]) -> None:
+    entries, _ = parse_header(header, record.size)
+    got = [(e.name, e.dtype, e.shape, e.offset, e.length) for e in entries]
+    want = [(t.name, t.dtype, t.shape, t.offset, t.length) for t in expected]
+    if sorted(got) != sorted(want):
+        raise RankFileError(f"{record.name}: safetensors header disagrees with the manifest")
+
+
+def _verify_digest(hasher: StreamHasher, record: FileRecord) -> None:
+    if hasher.xxh3 != record.checksum:
+        raise ChecksumMismatchError(
+            f"{record.name}: checksum mismatch (manifest {record.checksum}, read {hasher.xxh3})"
+        )
+    if record.sha256 is not None and hasher.sha256 != record.sha256:
+        raise ChecksumMismatchError(f"{record.name}: sha256 mismatch (tampered or corrupt)")
+
+
+def _read_header(tier: Tier, key: str, record: FileRecord, hasher: StreamHasher) -> bytes:
+    header = bytearray(record.data_offset)
+    tier.read_into(key, 0, memoryview(header))
+    hasher.update(header)
+    return bytes(header)
+
+
+def _chunks(view: memoryview) -> Iterator[tuple[int, memoryview]]:
+    for start in range(0, view.nbytes, READ_CHUNK_BYTES):
+        yield start, view[start : start + READ_CHUNK_BYTES]
+
+
+def verify_file(tier: Tier, prefix: str, manifest: Manifest, record: FileRecord) -> None:
+    """Read every byte of one file and check size, header and checksums.
+
+    Raises:
+        ObjectNotFoundError: the file is missing.
+        ChecksumMismatchError, RankFileError: the bytes are not what was committed.
+    """
+    key = prefix + record.name
+    _check_object(tier, key, record)
+    hasher = StreamHasher(with_sha256=record.sha256 is not None)
+    header = _read_header(tier, key, record, hasher)
+    _check_header(header, record, manifest.tensors_in(record.name))
+    scratch = memoryview(bytearray(min(READ_CHUNK_BYTES, max(record.size - record.data_offset, 1))))
+    offset = record.data_offset
+    while offset < record.size:
+        chunk = scratch[: min(scratch.nbytes, record.size - offset)]
+        tier.read_into(key, offset, chunk)
+        hasher.update(chunk)
+        offset += chunk.nbytes
+    _verify_digest(hasher, record)
+
+
+def verify_copy(tier: Tier, prefix: str, manifest: Manifest) -> None:
+    """Verify every file of a checkpoint copy and the skeleton's tensor references."""
+    for rank in range(manifest.world_size):
+        _check_references(manifest, rank)
+    for record in manifest.files:
+        verify_file(tier, prefix, manifest, record)
+
+
+def _rank_file(manifest: Manifest, rank: int) -> FileRecord:
+    for record in manifest.files:
+        if record.rank == rank:
+            return record
+    raise ManifestError(f"manifest has no file for rank {rank}")
+
+
+def _check_references(manifest: Manifest, rank: int) -> dict[str, list[str]]:
+    refs = tensor_references(manifest.states[rank])
+    stored = {t.name for t in manifest.tensors_in(_rank_file(manifest, rank).name)}
+    missing = sorted(set(refs) - stored)
+    if missing:
+        raise ManifestError(f"state of rank {rank} refers to tensors not in its file: {missing[:5]}")
+    return refs
+
+
+def _into_targets(into: object) -> dict[str, torch.Tensor]:
+    return {typed_json.format_key_path(parts): t for parts, t in iter_tensors(into)}
+
+
+def _plan(
+    manifest: Manifest, rank: int, into_map: dict[str, torch.Tensor]
+) -> list[_Target]:
+    refs = _check_references(manifest, rank)
+    targets = []
+    for record in manifest.tensors_in(_rank_file(manifest, rank).name):
+        dtype = torch_dtype(record.dtype)
+        # Shared-storage blobs are never read into an into= tensor: their views are
+        # rebuilt on a fresh blob and copied into place by value afterwards.
+        paths = [] if record.name.startswith(STORAGE_PREFIX) else refs.get(record.name, [])
+        dest = next((into_map[p] for p in paths if p in into_map), None)
+        if dest is not None:
+            path = next(p for p in paths if p in into_map)
+            if dest.dtype != dtype or tuple(dest.shape) != record.shape:
+                raise StateMismatchError(
+                    f"{path}: checkpoint has {dtype} {list(record.shape)}, "
+                    f"into= has {dest.dtype} {list(dest.shape)}"
+                )
+            if dest.device.type == "cpu" and dest.is_contiguous():
+                targets.append(_Target(record, dest))
+                continue
+            targets.append(_Target(record, torch.empty(record.shape, dtype=dtype), copy_to=dest))
+            continue
+        targets.append(_Target(record, torch.empty(record.shape, dtype=dtype)))
+    return targets
+
+
+def load_copy(
+    tier: Tier, prefix: str, manifest: Manifest, *, rank: int = 0, into: object = None
+) -> object:
+    """Load rank ``rank``'s state from one copy, verifying every byte.
+
+    Args:
+        tier: the tier holding the copy.
+        prefix: the copy's key prefix (``<run>/<step>/``).
+        manifest: the copy's validated manifest.
+        rank: which rank's file and state to load.
+        into: optional state whose tensors (matched by key path) are filled in place
+            and returned in the result instead of new tensors.
+
+    Raises:
+        ObjectNotFoundError, ChecksumMismatchError, RankFileError, ManifestError:
+            the copy is damaged (the caller falls back).
+        StateMismatchError: ``into`` does not fit the checkpoint (no fallback helps).
+    """
+    record = _rank_file(manifest, rank)
+    key = prefix + record.name
+    into_map = _into_targets(into) if into is not None else {}
+    targets = _plan(manifest, rank, into_map)
+    _check_object(tier, key, record)
+    hasher = StreamHasher(with_sha256=record.sha256 is not None)
+    header = _read_header(tier, key, record, hasher)
+    _check_header(header, record, [t.record for t in targets])
+    for target in targets:
+        view = byte_view(target.tensor)
+        for start, chunk in _chunks(view):
+            tier.read_into(key, target.record.offset + start, chunk)
+            hasher.update(chunk)
+    _verify_digest(hasher, record)
+
+    loaded = {t.record.name: t.copy_to if t.copy_to is not None else t.tensor for t in targets}
+    for target in targets:
+        if target.copy_to is not None:
+            target.copy_to.copy_(target.tensor)
+
+    def lookup(name: str, path: str) -> torch.Tensor:
+        return loaded[name]
+
+    def finish(tensor: torch.Tensor, path: str) -> torch.Tensor:
+        dest = into_map.get(path)
+        if dest is None or dest is tensor or _same_view(dest, tensor):
+            return tensor
+        if dest.dtype != tensor.dtype or dest.shape != tensor.shape:
+            raise StateMismatchError(
+                f"{path}: checkpoint has {tensor.dtype} {list(tensor.shape)}, "
+                f"into= has {dest.dtype} {list(dest.shape)}"
+            )
+        dest.copy_(tensor)
+        return dest
+
+    try:
+        return unflatten_state(manifest.states[rank], lookup, finish if into_map else None)
+    except (FormatError, TierError):
+        raise
+    except KeyError as exc:
+        raise ManifestError(f"state refers to unknown tensor {exc}") from None
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.device == b.device
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() == b.storage_offset()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )

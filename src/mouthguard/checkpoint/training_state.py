@@ -1,0 +1,135 @@
+"""Capture and restore a whole training state, so that resume is bitwise exact.
+
+Saving only model weights is not enough to continue a run as if it never
+stopped: the optimizer's moments and step counts, the LR scheduler's position,
+and every random number generator (Python, NumPy, torch CPU, CUDA) must come
+back too, or dropout masks and data shuffles diverge from the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from mouthguard.errors import StateMismatchError
+
+
+class Stateful(Protocol):
+    """Anything with ``state_dict``/``load_state_dict`` (models, optimizers, schedulers)."""
+
+    def state_dict(self) -> Any:  # noqa: ANN401 - torch's own signatures return Any
+        """Return the object's state."""
+
+    def load_state_dict(self, state_dict: Any, /) -> Any:  # noqa: ANN401
+        """Restore the object's state."""
+
+
+def capture_rng_state() -> dict[str, object]:
+    """Snapshot every RNG a training loop commonly draws from."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state: dict[str, object] = {
+        "python": (version, tuple(internal), gauss),
+        "numpy": (str(kind), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng_state(state: Mapping[str, object]) -> None:
+    """Restore RNG states captured by :func:`capture_rng_state`.
+
+    Raises:
+        StateMismatchError: the snapshot is malformed.
+    """
+    try:
+        version, internal, gauss = state["python"]  # type: ignore[misc]
+        random.setstate((version, tuple(internal), gauss))
+        kind, keys, pos, has_gauss, cached = state["numpy"]  # type: ignore[misc]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+        torch_state = state["torch"]
+        if not isinstance(torch_state, torch.Tensor):
+            raise TypeError("torch RNG state must be a tensor")
+        torch.set_rng_state(torch_state)
+        cuda = state.get("cuda")
+        if cuda is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(list(cuda))  # type: ignore[call-overload]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateMismatchError(f"malformed RNG state in checkpoint: {exc}") from None
+
+
+class TrainingState:
+    """Bundles model, optimizer, scheduler, RNGs, step and metadata into one state.
+
+    ``state_dict()`` returns a plain nested dict for ``Checkpointer.save``;
+    ``load_state_dict()`` restores everything from what ``Checkpointer.load``
+    returned. Passing ``into=training_state.state_dict()`` to ``load`` fills the
+    model's parameters and the optimizer's moment tensors in place.
+
+    Args:
+        model: the model (anything with ``state_dict``/``load_state_dict``).
+        optimizer: optional optimizer.
+        scheduler: optional LR scheduler.
+        step: the current training step.
+        metadata: user values saved alongside (typed JSON: no arbitrary objects).
+    """
+
+    def __init__(
+        self,
+        model: Stateful,
+        optimizer: Stateful | None = None,
+        scheduler: Stateful | None = None,
+        *,
+        step: int = 0,
+        metadata: dict[str, object] | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.step = step
+        self.metadata: dict[str, object] = dict(metadata or {})
+
+    def state_dict(self) -> dict[str, object]:
+        """The whole training state, ready for ``Checkpointer.save``."""
+        state: dict[str, object] = {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "rng": capture_rng_state(),
+            "metadata": dict(self.metadata),
+        }
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restore everything captured by :meth:`state_dict`.
+
+        Raises:
+            StateMismatchError: a part this object needs is missing from ``state``.
+        """
+        for part, owner in (("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+            if owner is not None and part not in state:
+                raise StateMismatchError(f"checkpoint has no {part} state to restore")
+        step = state.get("step")
+        if not isinstance(step, int):
+            raise StateMismatchError("checkpoint has no integer 'step'")
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        rng = state.get("rng")
+        if not isinstance(rng, Mapping):
+            raise StateMismatchError("checkpoint has no RNG state")
+        restore_rng_state(rng)
+        metadata = state.get("metadata", {})
+        self.metadata = dict(metadata) if isinstance(metadata, Mapping) else {}
+        self.step = step

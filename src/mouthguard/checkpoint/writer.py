@@ -1,0 +1,145 @@
+"""Writing a checkpoint copy to one tier, and the commit protocol.
+
+Call order for one copy (single rank; the multi-rank coordinator calls the same
+pieces with a gather in between)::
+
+    txn     = new_transaction_id()
+    staging = staging_prefix(tier, run, step, txn)      # partial dir, or final prefix
+    record  = write_rank_file(tier, staging, rank, flat) # streams + checksums inline
+    commit(tier, staging, final, manifest)               # manifest last => committed
+
+Commit protocol:
+
+* Tiers with ``atomic_rename`` (POSIX): every file, then ``manifest.json``, is
+  written into ``<run>/<step>.partial-<txn>/`` (each ``put`` fsyncs the file and its
+  directory); the directory is then renamed to ``<run>/<step>/`` and the parent
+  fsynced. A crash at any point leaves either no ``<step>/`` directory or a
+  complete one; a partial directory is invisible and collected after a grace period.
+* Tiers without rename (object stores): data objects are written under the final
+  prefix, then the manifest with a create-only put. Until the manifest exists the
+  objects are invisible garbage.
+
+Checksums are computed on the bytes as they stream to the tier, so there is no
+second pass over the data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+
+import torch
+
+from mouthguard.checkpoint.catalog import checkpoint_prefix, partial_prefix, rank_file_name
+from mouthguard.errors import CheckpointExistsError, FormatError, ObjectExistsError
+from mouthguard.format.checksum import StreamHasher
+from mouthguard.format.dtypes import dtype_code
+from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+from mouthguard.format.rank_file import RankFileLayout, build_layout, byte_view
+from mouthguard.format.state_tree import FlatState
+from mouthguard.tiers.base import PutMode, Tier
+
+#: Slices small enough that a slice just checksummed is still in cache when written.
+WRITE_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def new_transaction_id() -> str:
+    """A random id naming one save attempt's staging area."""
+    return uuid.uuid4().hex
+
+
+def staging_prefix(tier: Tier, run: str, step: int, txn: str) -> str:
+    """Where a save writes before committing: a partial dir, or the final prefix."""
+    if tier.capabilities.atomic_rename:
+        return partial_prefix(run, step, txn)
+    return checkpoint_prefix(run, step)
+
+
+def layout_for(flat: FlatState, metadata: dict[str, str]) -> RankFileLayout:
+    """The rank-file layout of ``flat``: header plus tensors back to back in order."""
+    return build_layout(
+        [(t.name, dtype_code(t.tensor.dtype), tuple(t.tensor.shape)) for t in flat.tensors], metadata
+    )
+
+
+def _stream(flat: FlatState, layout: RankFileLayout, hasher: StreamHasher) -> Iterator[memoryview]:
+    header = memoryview(layout.header)
+    hasher.update(header)
+    yield header
+    for stored, entry in zip(flat.tensors, layout.entries, strict=True):
+        # One tensor at a time: a contiguous CPU copy only when the tensor needs it.
+        tensor = stored.tensor.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        tensor = tensor.contiguous()
+        data = byte_view(tensor)
+        if data.nbytes != entry.length:
+            raise FormatError(f"tensor {stored.name!r} changed size while being saved")
+        for start in range(0, data.nbytes, WRITE_CHUNK_BYTES):
+            chunk = data[start : start + WRITE_CHUNK_BYTES]
+            hasher.update(chunk)
+            yield chunk
+
+
+def write_rank_file(
+    tier: Tier,
+    staging: str,
+    *,
+    rank: int,
+    flat: FlatState,
+    metadata: dict[str, str],
+    with_sha256: bool = False,
+) -> tuple[FileRecord, list[TensorRecord]]:
+    """Stream one rank file to ``staging`` on ``tier``; return its manifest records."""
+    name = rank_file_name(rank)
+    layout = layout_for(flat, metadata)
+    hasher = StreamHasher(with_sha256=with_sha256)
+    info = tier.put(staging + name, _stream(flat, layout, hasher), mode=PutMode.CREATE)
+    if info.size != layout.size or hasher.nbytes != layout.size:
+        raise FormatError(f"{name}: wrote {info.size} bytes, expected {layout.size}")
+    record = FileRecord(
+        name=name,
+        rank=rank,
+        size=layout.size,
+        data_offset=layout.data_offset,
+        checksum=hasher.xxh3,
+        sha256=hasher.sha256,
+    )
+    tensors = [
+        TensorRecord(e.name, name, e.dtype, e.shape, e.offset, e.length) for e in layout.entries
+    ]
+    return record, tensors
+
+
+def commit(tier: Tier, staging: str, final: str, manifest: Manifest) -> None:
+    """Write the manifest (last) and make the checkpoint visible atomically.
+
+    Raises:
+        CheckpointExistsError: a committed checkpoint already holds ``final``.
+    """
+    where = f"{manifest.run} step {manifest.step} on tier {tier.name!r}"
+    try:
+        tier.put(staging + MANIFEST_NAME, manifest.to_bytes(), mode=PutMode.CREATE)
+        if staging != final:
+            tier.rename_prefix(staging.rstrip("/"), final.rstrip("/"))
+    except ObjectExistsError:
+        raise CheckpointExistsError(f"checkpoint {where} already exists") from None
+
+
+def framework_versions() -> dict[str, str]:
+    """Versions recorded in every manifest, for diagnosing a resume across upgrades."""
+    import platform  # noqa: PLC0415 - only needed here
+
+    import mouthguard  # noqa: PLC0415 - avoid an import cycle at module load
+
+    return {
+        "mouthguard": mouthguard.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def utc_now() -> dt.datetime:
+    """The commit timestamp (timezone-aware UTC)."""
+    return dt.datetime.now(dt.UTC)

@@ -1,0 +1,1 @@
+"""The ``mouthguard`` command line."""

@@ -1,0 +1,211 @@
+"""``mouthguard`` command line: inspect, verify and demo checkpoint stores.
+
+Exit codes: 0 success; 1 a checkpoint is invalid (``verify``) or the demo did not
+reproduce the reference run; 2 usage errors (bad arguments, unknown store, run or
+step). Bad data never produces a traceback: every :class:`MouthguardError`
+becomes a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.checkpointer import DEFAULT_GRACE_SECONDS, Checkpointer
+from mouthguard.checkpoint.store import Store, open_store
+from mouthguard.checkpoint.verification import CopyReport, CopyTarget, find_copies, verify_all
+from mouthguard.cli.render import human_bytes, human_time
+from mouthguard.errors import ConfigError, MouthguardError
+
+DEFAULT_STORE = "./mouthguard-store"
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A command was given arguments that name nothing (exit code 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(
+        prog="mouthguard", description="Importance-aware, verified checkpoint storage."
+    )
+    parser.add_argument(
+        "--store",
+        default=os.environ.get("MOUTHGUARD_STORE", DEFAULT_STORE),
+        help="store directory or mouthguard.toml (default: $MOUTHGUARD_STORE or ./mouthguard-store)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ls = sub.add_parser("ls", help="list committed checkpoints")
+    ls.add_argument("run", nargs="?", help="only this run")
+    ls.add_argument("--json", action="store_true", help="print JSON lines, one per checkpoint")
+
+    show = sub.add_parser("show", help="show one checkpoint")
+    show.add_argument("run")
+    show.add_argument("step", type=int)
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+
+    verify = sub.add_parser("verify", help="read every byte and check every checksum")
+    verify.add_argument("run", nargs="?")
+    verify.add_argument("step", nargs="?", type=int)
+    verify.add_argument("--json", action="store_true", help="print JSON lines, one per copy")
+
+    gc = sub.add_parser("gc", help="remove leftovers of interrupted saves")
+    gc.add_argument("run", nargs="?")
+    gc.add_argument("--grace-seconds", type=float, default=DEFAULT_GRACE_SECONDS)
+
+    sub.add_parser("demo", help="train, crash, corrupt, resume: watch a run survive")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mouthguard`` command."""
+    args = build_parser().parse_args(argv)
+    console = Console()
+    err = Console(stderr=True)
+    try:
+        if args.command == "demo":
+            from mouthguard.cli.demo import run_demo  # noqa: PLC0415 - heavy, demo only
+
+            return run_demo(Path(args.store), console)
+        store = open_store(args.store, create=False)
+        handler = {"ls": _ls, "show": _show, "verify": _verify, "gc": _gc}[args.command]
+        return handler(store, args, console)
+    except (UsageError, ConfigError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        return EXIT_USAGE
+    except MouthguardError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+
+
+def _runs(store: Store, run: str | None) -> list[str]:
+    if run is not None:
+        catalog.validate_run(run)
+        return [run]
+    return sorted({r for tier in store.tiers for r in catalog.list_runs(tier)})
+
+
+def _ls(store: Store, args: argparse.Namespace, console: Console) -> int:
+    infos = [info for run in _runs(store, args.run) for info in Checkpointer(store, run).list()]
+    if args.run is not None and not infos:
+        raise UsageError(f"no checkpoints for run {args.run!r} in {store.source}")
+    if args.json:
+        for info in infos:
+            print(json.dumps(info.to_json()))
+        return EXIT_OK
+    table = Table(title=f"checkpoints in {store.source}", title_justify="left")
+    for column in ("run", "step", "importance", "size", "files", "created", "copies"):
+        table.add_column(column, justify="right" if column in ("step", "size", "files") else "left")
+    for info in infos:
+        copies = ", ".join(f"{c.tier}{' ✓' if c.verified else ''}" for c in info.copies)
+        table.add_row(
+            info.run,
+            str(info.step),
+            info.importance.value,
+            human_bytes(info.nbytes),
+            str(len(info.files)),
+            human_time(info.created),
+            copies,
+        )
+    console.print(table if infos else f"no checkpoints in {store.source}")
+    return EXIT_OK
+
+
+def _show(store: Store, args: argparse.Namespace, console: Console) -> int:
+    catalog.validate_run(args.run)
+    catalog.step_dir(args.step)
+    info = Checkpointer(store, args.run).info(args.step, missing_ok=True)
+    if info is None:
+        raise UsageError(f"no readable checkpoint {args.run} step {args.step} in {store.source}")
+    if args.json:
+        print(json.dumps(info.to_json(), indent=2))
+        return EXIT_OK
+    table = Table(title=f"{info.run} step {info.step}", show_header=False, title_justify="left")
+    table.add_column("field")
+    table.add_column("value")
+    table.add_row("importance", info.importance.value)
+    table.add_row("created", human_time(info.created))
+    table.add_row("size", f"{human_bytes(info.nbytes)} ({info.nbytes} bytes)")
+    table.add_row("tensor bytes", str(info.tensor_bytes))
+    table.add_row("world size", str(info.world_size))
+    for f in info.files:
+        table.add_row(f.name, f"{human_bytes(f.size)}  {f.checksum}")
+    for c in info.copies:
+        verified = f"verified {human_time(c.verified_at)}" if c.verified_at else "not verified"
+        table.add_row(f"copy on {c.tier}", f"{c.location}  ({verified})")
+    console.print(table)
+    return EXIT_OK
+
+
+def _verify(store: Store, args: argparse.Namespace, console: Console) -> int:
+    if args.step is not None:
+        catalog.step_dir(args.step)
+    if args.run is not None:
+        catalog.validate_run(args.run)
+    targets = find_copies(store, args.run, args.step)
+    if not targets:
+        if args.run is None:
+            console.print(f"nothing to verify in {store.source}")
+            return EXIT_OK
+        what = args.run if args.step is None else f"{args.run} step {args.step}"
+        raise UsageError(f"no committed checkpoint {what} in {store.source}")
+    reports = _run_verification(targets, console, quiet=args.json)
+    if args.json:
+        for r in reports:
+            print(json.dumps({"run": r.run, "step": r.step, "tier": r.tier, "location": r.location,
+                              "ok": r.ok, "reason": r.reason}))
+    else:
+        _print_reports(reports, console)
+    return EXIT_OK if all(r.ok for r in reports) else EXIT_INVALID
+
+
+def _run_verification(
+    targets: list[CopyTarget], console: Console, *, quiet: bool
+) -> list[CopyReport]:
+    from rich.progress import Progress  # noqa: PLC0415 - only verify shows progress
+
+    with Progress(console=console, transient=True, disable=quiet or not console.is_terminal) as progress:
+        task = progress.add_task("verifying", total=len(targets))
+        return list(verify_all(targets, on_done=lambda _: progress.advance(task)))
+
+
+def _print_reports(reports: list[CopyReport], console: Console) -> None:
+    table = Table(title="verification", title_justify="left")
+    for column in ("run", "step", "tier", "size", "result"):
+        table.add_column(column, justify="right" if column in ("step", "size") else "left")
+    for r in reports:
+        result = "[green]valid[/green]" if r.ok else f"[red]INVALID[/red]: {r.reason}"
+        table.add_row(r.run, str(r.step), r.tier, human_bytes(r.nbytes), result)
+    console.print(table)
+    bad = sum(not r.ok for r in reports)
+    summary = f"{len(reports) - bad} valid, {bad} invalid"
+    console.print(f"[red]{summary}[/red]" if bad else f"[green]{summary}[/green]")
+
+
+def _gc(store: Store, args: argparse.Namespace, console: Console) -> int:
+    removed = [
+        p
+        for run in _runs(store, args.run)
+        for p in Checkpointer(store, run).collect_garbage(grace_seconds=args.grace_seconds)
+    ]
+    for p in removed:
+        console.print(f"removed {p.prefix} ({human_bytes(p.nbytes)}, {p.age_seconds:.0f} s old)")
+    console.print(f"{len(removed)} interrupted save(s) removed")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The exception hierarchy of mouthguard.
+
+Every error raised for bad data, bad input or a failing tier is a subclass of
+:class:`MouthguardError`, so callers (and the CLI) can turn any of them into a
+clear message without a traceback. Programming errors (wrong argument types in
+our own code) stay ordinary Python exceptions.
+"""
+
+from __future__ import annotations
+
+
+class MouthguardError(Exception):
+    """Base class of every error mouthguard raises on purpose."""
+
+
+# --- tiers -----------------------------------------------------------------
+
+
+class TierError(MouthguardError):
+    """A tier could not perform an operation (I/O error, bad key, ...)."""
+
+
+class InvalidKeyError(TierError):
+    """A key is not a safe, relative, normalised object key."""
+
+
+class ObjectNotFoundError(TierError):
+    """The object (or prefix) does not exist on the tier."""
+
+
+class ObjectExistsError(TierError):
+    """A create-only put or rename found its destination already present."""
+
+
+class DurabilityError(TierError):
+    """fsync (or the tier's equivalent) failed.
+
+    This is fatal for the write in progress and is never retried silently: after
+    a failed fsync the kernel may have dropped the dirty pages, so a retry that
+    "succeeds" proves nothing about what is on disk.
+    """
+
+
+class UnsupportedOperationError(TierError):
+    """The tier does not have the capability the operation needs."""
+
+
+# --- format ----------------------------------------------------------------
+
+
+class FormatError(MouthguardError):
+    """Stored bytes do not follow the checkpoint format (hostile or damaged)."""
+
+
+class ManifestError(FormatError):
+    """A manifest is unreadable, fails its own checksum, or is inconsistent."""
+
+
+class RankFileError(FormatError):
+    """A rank file's safetensors header is malformed or disagrees with the manifest."""
+
+
+class ChecksumMismatchError(FormatError):
+    """Bytes read back do not match the checksum recorded at save time."""
+
+
+class UnsupportedStateError(MouthguardError):
+    """The state to save contains an object that cannot be stored without pickle.
+
+    The message names the key path of the offending object, e.g.
+    ``state['optim']['foo']``.
+    """
+
+
+# --- checkpoints -----------------------------------------------------------
+
+
+class CheckpointError(MouthguardError):
+    """Base class for checkpoint-level failures."""
+
+
+class CheckpointExistsError(CheckpointError):
+    """A committed checkpoint already exists for this run and step."""
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No committed checkpoint exists for the requested run/step."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """Every copy of the requested checkpoint failed verification."""
+
+
+class NoValidCheckpointError(CheckpointError):
+    """No committed checkpoint of the run passed verification."""
+
+
+class StateMismatchError(CheckpointError):
+    """An ``into=`` target does not match the stored tensor (shape, dtype, structure)."""
+
+
+class ConfigError(MouthguardError):
+    """A store configuration (``mouthguard.toml``) is invalid."""
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """Emitted when ``load()`` skips a damaged copy or checkpoint and falls back."""

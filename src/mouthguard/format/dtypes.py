@@ -1,0 +1,66 @@
+"""The mapping between torch dtypes and safetensors dtype codes.
+
+Only dtypes that safetensors itself defines are stored, so every rank file opens
+with any safetensors reader. Item sizes are kept here (not asked of torch at
+parse time) so a hostile manifest can be validated without allocating anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mouthguard.errors import FormatError
+
+#: safetensors code -> (torch dtype, item size in bytes)
+_CODES: dict[str, tuple[torch.dtype, int]] = {
+    "BOOL": (torch.bool, 1),
+    "U8": (torch.uint8, 1),
+    "I8": (torch.int8, 1),
+    "I16": (torch.int16, 2),
+    "U16": (torch.uint16, 2),
+    "I32": (torch.int32, 4),
+    "U32": (torch.uint32, 4),
+    "I64": (torch.int64, 8),
+    "U64": (torch.uint64, 8),
+    "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2),
+    "F32": (torch.float32, 4),
+    "F64": (torch.float64, 8),
+    "C64": (torch.complex64, 8),
+    "F8_E4M3": (torch.float8_e4m3fn, 1),
+    "F8_E5M2": (torch.float8_e5m2, 1),
+}
+_BY_DTYPE: dict[torch.dtype, str] = {dtype: code for code, (dtype, _) in _CODES.items()}
+
+
+def dtype_code(dtype: torch.dtype) -> str:
+    """Return the safetensors code of ``dtype``.
+
+    Raises:
+        FormatError: safetensors cannot carry this dtype.
+    """
+    try:
+        return _BY_DTYPE[dtype]
+    except KeyError:
+        raise FormatError(f"dtype {dtype} cannot be stored in a safetensors file") from None
+
+
+def torch_dtype(code: str) -> torch.dtype:
+    """Return the torch dtype for a safetensors code, or raise FormatError."""
+    try:
+        return _CODES[code][0]
+    except (KeyError, TypeError):
+        raise FormatError(f"unknown tensor dtype code {code!r}") from None
+
+
+def itemsize(code: str) -> int:
+    """Return the item size in bytes of a safetensors code, or raise FormatError."""
+    try:
+        return _CODES[code][1]
+    except (KeyError, TypeError):
+        raise FormatError(f"unknown tensor dtype code {code!r}") from None
+
+
+def is_supported(dtype: torch.dtype) -> bool:
+    """Whether tensors of ``dtype`` can be stored."""
+    return dtype in _BY_DTYPE

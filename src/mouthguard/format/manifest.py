@@ -1,0 +1,326 @@
+"""The checkpoint manifest: the commit record, written last, checksummed over its own bytes.
+
+A checkpoint exists on a tier exactly when its ``manifest.json`` does. The
+manifest lists every file (size, xxh3-128, optional sha256), every tensor
+(file, dtype, shape, absolute offset, length) and the non-tensor state of each
+rank as typed JSON. It ends with its own checksum::
+
+    { ...body...,
+     "manifest_checksum": "xxh3-128:<hex of every byte before the comma>"
+    }
+
+The checksum covers the raw bytes, not a re-serialisation, so *any* changed byte
+is detected, including whitespace. Parsing treats the input as hostile: size,
+depth, types, names, offsets and overlaps are all validated before anything is
+read on the strength of it, and file names are single safe path segments so a
+manifest can never point outside its checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from mouthguard.errors import FormatError, InvalidKeyError, ManifestError
+from mouthguard.format import typed_json
+from mouthguard.format.checksum import SHA256, XXH3_128, validate_digest, xxh3_digest
+from mouthguard.format.dtypes import itemsize
+from mouthguard.format.rank_file import HEADER_ALIGN, MAX_DIMS
+from mouthguard.format.typed_json import JsonValue
+from mouthguard.policy.importance import Importance, parse_importance
+from mouthguard.tiers.keys import validate_segment
+
+FORMAT_NAME = "mouthguard.checkpoint"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+MAX_FILES = 1 << 20
+MAX_STEP = 10**15
+#: Largest file size we accept from a manifest (1 PiB); bounds every allocation.
+MAX_FILE_SIZE = 1 << 50
+_TRAILER_KEY = "manifest_checksum"
+_MARKER = f',\n "{_TRAILER_KEY}": "'.encode()
+_END = b'"\n}\n'
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file of a checkpoint (a rank file)."""
+
+    name: str
+    rank: int
+    size: int
+    data_offset: int
+    checksum: str
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """Where one stored tensor lives."""
+
+    name: str
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed, validated manifest. Immutable: mutable facts live in sidecars."""
+
+    run: str
+    step: int
+    importance: Importance
+    created: dt.datetime
+    world_size: int
+    files: tuple[FileRecord, ...]
+    tensors: tuple[TensorRecord, ...]
+    states: tuple[JsonValue, ...]
+    framework: Mapping[str, str] = field(default_factory=dict)
+    reference: JsonValue = None
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of the checkpoint's data files."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of tensor payload (excluding headers)."""
+        return sum(t.length for t in self.tensors)
+
+    def file(self, name: str) -> FileRecord:
+        """Return the record of file ``name``."""
+        for record in self.files:
+            if record.name == name:
+                return record
+        raise ManifestError(f"manifest has no file {name!r}")
+
+    def tensors_in(self, file_name: str) -> list[TensorRecord]:
+        """Tensors stored in ``file_name``, sorted by offset."""
+        return sorted((t for t in self.tensors if t.file == file_name), key=lambda t: t.offset)
+
+    def to_bytes(self) -> bytes:
+        """Serialise, appending the checksum of the serialised body."""
+        body: dict[str, JsonValue] = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "run": self.run,
+            "step": self.step,
+            "importance": self.importance.value,
+            "created": self.created.isoformat(),
+            "world_size": self.world_size,
+            "framework": dict(self.framework),
+            "files": [_file_json(f) for f in self.files],
+            "tensors": [
+                {
+                    "name": t.name,
+                    "file": t.file,
+                    "dtype": t.dtype,
+                    "shape": list(t.shape),
+                    "offset": t.offset,
+                    "length": t.length,
+                }
+                for t in self.tensors
+            ],
+            "states": list(self.states),
+            "reference": self.reference,
+        }
+        text = typed_json.dumps_strict(body, indent=1).encode()
+        assert text.endswith(b"\n}") or text.endswith(b"}")
+        prefix = text[: text.rindex(b"}")].rstrip()
+        return prefix + _MARKER + xxh3_digest(prefix).encode() + _END
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Manifest:
+        """Parse and fully validate a manifest.
+
+        Raises:
+            ManifestError: the bytes fail the checksum, are malformed, or are hostile.
+        """
+        return parse_manifest(raw)
+
+
+def _file_json(f: FileRecord) -> JsonValue:
+    out: dict[str, JsonValue] = {
+        "name": f.name,
+        "rank": f.rank,
+        "size": f.size,
+        "data_offset": f.data_offset,
+        "checksum": f.checksum,
+    }
+    if f.sha256 is not None:
+        out["sha256"] = f.sha256
+    return out
+
+
+def parse_manifest(raw: bytes) -> Manifest:
+    """Verify the self-checksum of ``raw`` and parse it into a :class:`Manifest`.
+
+    Raises:
+        ManifestError: anything is wrong; the message says what.
+    """
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"manifest is {len(raw)} bytes, larger than the {MAX_MANIFEST_BYTES} limit")
+    cut = raw.rfind(_MARKER)
+    if cut < 0 or not raw.endswith(_END):
+        raise ManifestError("manifest has no checksum trailer (truncated or not a manifest)")
+    prefix, digest = raw[:cut], raw[cut + len(_MARKER) : -len(_END)]
+    if xxh3_digest(prefix).encode() != digest:
+        raise ManifestError("manifest checksum mismatch: the manifest is corrupt")
+    try:
+        body = typed_json.loads_strict(raw)
+    except FormatError as exc:
+        raise ManifestError(f"manifest is not valid JSON: {exc}") from None
+    try:
+        return _validate(body)
+    except ManifestError:
+        raise
+    except (FormatError, InvalidKeyError, ValueError) as exc:
+        raise ManifestError(f"invalid manifest: {exc}") from None
+
+
+def _validate(body: JsonValue) -> Manifest:
+    if not isinstance(body, dict):
+        raise ManifestError("manifest is not a JSON object")
+    if body.get("format") != FORMAT_NAME:
+        raise ManifestError(f"not a mouthguard manifest (format={body.get('format')!r})")
+    version = body.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ManifestError(f"unsupported manifest format_version {version!r} (this reader: 1)")
+    run = validate_segment(_str(body, "run"))
+    step = _nat(body, "step", MAX_STEP)
+    importance = parse_importance(_str(body, "importance"))
+    created = dt.datetime.fromisoformat(_str(body, "created"))
+    world_size = _nat(body, "world_size", MAX_FILES)
+    if world_size < 1:
+        raise ManifestError("world_size must be at least 1")
+    framework = body.get("framework", {})
+    if not isinstance(framework, dict) or not all(isinstance(v, str) for v in framework.values()):
+        raise ManifestError("framework must map names to version strings")
+    files = _files(body.get("files"), world_size)
+    tensors = _tensors(body.get("tensors"), {f.name: f for f in files})
+    states = body.get("states")
+    if not isinstance(states, list) or len(states) != world_size:
+        raise ManifestError("states must be a list with one entry per rank")
+    return Manifest(
+        run=run,
+        step=step,
+        importance=importance,
+        created=created,
+        world_size=world_size,
+        files=files,
+        tensors=tensors,
+        states=tuple(states),
+        framework={str(k): str(v) for k, v in framework.items()},
+        reference=body.get("reference"),
+    )
+
+
+def _str(obj: dict[str, JsonValue], key: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise ManifestError(f"manifest field {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _nat(obj: dict[str, JsonValue], key: str, limit: int) -> int:
+    value = obj.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+        raise ManifestError(f"manifest field {key!r} must be an integer in [0, {limit}], got {value!r}")
+    return value
+
+
+def _files(raw: JsonValue, world_size: int) -> tuple[FileRecord, ...]:
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_FILES:
+        raise ManifestError("files must be a non-empty list")
+    records: list[FileRecord] = []
+    names: set[str] = set()
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ManifestError(f"files[{i}] is not an object")
+        name = _str(item, "name")
+        try:
+            validate_segment(name)
+        except InvalidKeyError:
+            raise ManifestError(f"files[{i}] names {name!r}, which is outside its checkpoint") from None
+        if name == MANIFEST_NAME or name in names:
+            raise ManifestError(f"files[{i}]: duplicate or reserved file name {name!r}")
+        names.add(name)
+        size = _nat(item, "size", MAX_FILE_SIZE)
+        data_offset = _nat(item, "data_offset", size)
+        if data_offset < 8 or data_offset % HEADER_ALIGN:
+            raise ManifestError(f"file {name!r}: data_offset {data_offset} is not a padded header end")
+        sha = item.get("sha256")
+        records.append(
+            FileRecord(
+                name=name,
+                rank=_nat(item, "rank", world_size - 1),
+                size=size,
+                data_offset=data_offset,
+                checksum=validate_digest(item.get("checksum"), XXH3_128, f"file {name!r}"),
+                sha256=None if sha is None else validate_digest(sha, SHA256, f"file {name!r}"),
+            )
+        )
+    return tuple(records)
+
+
+def _tensors(raw: JsonValue, files: dict[str, FileRecord]) -> tuple[TensorRecord, ...]:
+    if not isinstance(raw, list):
+        raise ManifestError("tensors must be a list")
+    records: list[TensorRecord] = []
+    seen: set[tuple[str, str]] = set()
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ManifestError(f"tensors[{i}] is not an object")
+        name, file_name, dtype = _str(item, "name"), _str(item, "file"), _str(item, "dtype")
+        if file_name not in files:
+            raise ManifestError(f"tensor {name!r} refers to unknown file {file_name!r}")
+        if (file_name, name) in seen:
+            raise ManifestError(f"duplicate tensor {name!r} in {file_name!r}")
+        seen.add((file_name, name))
+        shape = item.get("shape")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_DIMS
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise ManifestError(f"tensor {name!r}: malformed shape {shape!r}")
+        record = TensorRecord(
+            name=name,
+            file=file_name,
+            dtype=dtype,
+            shape=tuple(int(d) for d in shape if isinstance(d, int)),
+            offset=_nat(item, "offset", MAX_FILE_SIZE),
+            length=_nat(item, "length", MAX_FILE_SIZE),
+        )
+        if math.prod(record.shape) * itemsize(dtype) != record.length:
+            raise ManifestError(f"tensor {name!r}: length does not match dtype and shape")
+        records.append(record)
+    for file in files.values():
+        _check_coverage(file, sorted((r for r in records if r.file == file.name), key=_order))
+    return tuple(records)
+
+
+def _order(record: TensorRecord) -> tuple[int, int]:
+    return (record.offset, record.offset + record.length)
+
+
+def _check_coverage(file: FileRecord, records: list[TensorRecord]) -> None:
+    """Tensors must tile the data region exactly: no overlap, no gap, nothing past the end."""
+    cursor = file.data_offset
+    for record in records:
+        if record.offset < cursor:
+            raise ManifestError(f"tensor {record.name!r} overlaps another tensor or the header")
+        if record.offset > cursor:
+            raise ManifestError(f"file {file.name!r} has a gap before tensor {record.name!r}")
+        cursor = record.offset + record.length
+    if cursor != file.size:
+        raise ManifestError(
+            f"tensors of {file.name!r} end at byte {cursor} but the file has {file.size} bytes"
+        )

@@ -1,0 +1,24 @@
+"""Tiers: one narrow storage interface over RAM, POSIX directories and object stores."""
+
+from mouthguard.tiers.base import (
+    BytesLike,
+    ObjectInfo,
+    PutData,
+    PutMode,
+    Tier,
+    TierCapabilities,
+    iter_buffers,
+)
+from mouthguard.tiers.keys import join_key, validate_key
+
+__all__ = [
+    "BytesLike",
+    "ObjectInfo",
+    "PutData",
+    "PutMode",
+    "Tier",
+    "TierCapabilities",
+    "join_key",
+    "iter_buffers",
+    "validate_key",
+]

@@ -1,0 +1,180 @@
+"""The tier interface: one narrow contract over RAM, POSIX directories and object stores.
+
+A tier stores immutable-ish objects under ``/``-separated keys. It has six
+operations (``put``, ``get``, ``read_into``, ``head``, ``list``, ``delete``)
+plus ``rename_prefix`` where the tier declares ``atomic_rename``. What a tier
+can do is declared as data in :class:`TierCapabilities`, never guessed from its
+class, so the commit protocol can pick the safe path for each tier.
+
+Contracts every implementation keeps (checked by the conformance suite in
+``tests/tiers``):
+
+* Keys are validated with :func:`mouthguard.tiers.keys.validate_key` before any
+  I/O: nothing is ever read or written outside the tier's root.
+* ``put`` is all-or-nothing: a reader sees either the previous object (or none)
+  or the complete new one, never a prefix of it. On a durable tier the object
+  (and its directory entry) is on stable storage when ``put`` returns.
+* ``put(mode=PutMode.CREATE)`` raises :class:`ObjectExistsError` if the key
+  exists; where the tier declares ``conditional_put`` the check is atomic.
+* ``get``/``read_into`` of a missing key raise :class:`ObjectNotFoundError`;
+  reading past the end is an error, never a silent short read.
+* ``list(prefix)`` yields keys (sorted) of complete objects only; a tier's own
+  temporary files are invisible.
+* ``delete`` of a missing key is not an error (it returns ``False``).
+* ``rename_prefix(src, dst)`` moves every object under ``src/`` to ``dst/``
+  atomically and fails with :class:`ObjectExistsError` if ``dst/`` holds anything.
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+import enum
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from mouthguard.errors import ObjectNotFoundError, UnsupportedOperationError
+
+#: One contiguous chunk of bytes.
+BytesLike = bytes | bytearray | memoryview
+
+#: What ``put`` accepts: one buffer, or an iterable of buffers written in order.
+#: Streaming lets a multi-GiB rank file be written without assembling it in memory.
+PutData = BytesLike | Iterable[BytesLike]
+
+
+class PutMode(enum.Enum):
+    """Whether ``put`` may replace an existing object."""
+
+    CREATE = "create"
+    OVERWRITE = "overwrite"
+
+
+@dataclass(frozen=True)
+class TierCapabilities:
+    """What a tier can do, declared (or probed) when it opens.
+
+    Attributes:
+        atomic_rename: ``rename_prefix`` exists and is atomic (POSIX directories).
+        conditional_put: ``PutMode.CREATE`` is enforced atomically by the tier itself.
+        object_lock: the tier can place a legal hold on objects.
+        durable: objects survive a process crash and a power loss once ``put`` returns.
+        persistent: objects survive the process (false for the memory tier).
+    """
+
+    atomic_rename: bool
+    conditional_put: bool
+    object_lock: bool
+    durable: bool
+    persistent: bool
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """Metadata of one stored object."""
+
+    key: str
+    size: int
+    mtime: float | None = None
+
+
+class Tier(abc.ABC):
+    """Abstract base of every tier. See the module docstring for the contract.
+
+    Args:
+        name: the tier's name in the store configuration (``fast``, ``durable``, ...).
+        domain: the failure domain this tier's bytes live in (node, rack, region).
+    """
+
+    def __init__(self, name: str, domain: str) -> None:
+        self.name = name
+        self.domain = domain
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> TierCapabilities:
+        """What this tier can do."""
+
+    @abc.abstractmethod
+    def location(self, prefix: str = "") -> str:
+        """Human-readable location of ``prefix`` (a directory path or a URL)."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
+        """Store ``data`` under ``key``, all-or-nothing. Returns the stored object's info."""
+
+    @abc.abstractmethod
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Return bytes ``[start, end)`` of the object (``end=None``: to the end)."""
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        """Fill ``out`` completely with the object's bytes starting at ``offset``.
+
+        Lets a loader read straight into tensor memory, with no intermediate copy
+        on tiers that can (POSIX ``preadv``). The default goes through ``get``.
+        """
+        data = self.get(key, offset, offset + out.nbytes)
+        out.cast("B")[:] = data
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectInfo:
+        """Return the object's info or raise :class:`ObjectNotFoundError`."""
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` names a complete object."""
+        try:
+            self.head(key)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Yield, sorted, the keys of all objects whose key starts with ``prefix``.
+
+        ``prefix`` is matched on whole path segments when it ends with ``/``,
+        otherwise as a plain string prefix of the key.
+        """
+
+    @abc.abstractmethod
+    # ``builtins.list``: in the class body ``list`` names the method above.
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """Return, sorted, the names of the immediate "sub-directories" under ``prefix``.
+
+        ``prefix`` is empty or ends with ``/``. A name is returned when at least one
+        object lives below ``prefix + name + "/"``. (S3: ``CommonPrefixes``.)
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; return whether it existed."""
+
+    def rename_prefix(self, src: str, dst: str) -> None:  # noqa: ARG002 - the default refuses
+        """Atomically move every object under ``src/`` to ``dst/`` (if ``atomic_rename``).
+
+        Raises:
+            ObjectExistsError: ``dst/`` already holds objects.
+            ObjectNotFoundError: nothing exists under ``src/``.
+            UnsupportedOperationError: the tier cannot rename atomically.
+        """
+        raise UnsupportedOperationError(f"tier {self.name!r} cannot rename atomically")
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix`` (ending with ``/``); return how many."""
+        count = 0
+        for key in list(self.list(prefix)):
+            if self.delete(key):
+                count += 1
+        return count
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, location={self.location()!r})"
+
+
+def iter_buffers(data: PutData) -> Iterator[memoryview]:
+    """Normalise ``PutData`` into a stream of byte-format memoryviews."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        yield memoryview(data).cast("B")
+        return
+    for chunk in data:
+        yield memoryview(chunk).cast("B")
