@@ -1,0 +1,1 @@
+"""The checkpoint on-disk format: manifests, rank files and typed JSON state."""
