@@ -17,7 +17,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from mouthguard.errors import ConfigError
+from mouthguard.errors import ConfigError, InvalidKeyError
 from mouthguard.tiers.keys import validate_segment
 
 TIER_KINDS = ("memory", "local")
@@ -82,10 +82,12 @@ def _tier(raw: object, index: int, base: Path) -> TierConfig:
         raise ConfigError(f"{where}: 'name' is required and must be a string")
     try:
         validate_segment(name)
-    except Exception:
+    except InvalidKeyError:
         raise ConfigError(f"{where}: invalid tier name {name!r}") from None
     if kind not in TIER_KINDS:
-        raise ConfigError(f"{where} ({name}): unknown kind {kind!r}; supported: {', '.join(TIER_KINDS)}")
+        raise ConfigError(
+            f"{where} ({name}): unknown kind {kind!r}; supported: {', '.join(TIER_KINDS)}"
+        )
     domain = raw.get("domain", name)
     if not isinstance(domain, str) or not domain:
         raise ConfigError(f"{where} ({name}): 'domain' must be a non-empty string")

@@ -19,6 +19,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from mouthguard.errors import InvalidKeyError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.keys import validate_segment
@@ -32,7 +33,7 @@ def validate_run(run: str) -> str:
     """Return ``run`` if it is a valid run name (a safe path segment), else raise."""
     try:
         return validate_segment(run)
-    except Exception:
+    except InvalidKeyError:
         raise ValueError(
             f"invalid run name {run!r}: use letters, digits, '_', '.', '-', '=', '+' "
             "(not starting with '.' or '-')"
@@ -118,15 +119,30 @@ def partial_saves(tier: Tier, run: str, *, now: float | None = None) -> list[Par
     return found
 
 
-def collect_partial_saves(tier: Tier, run: str, *, grace_seconds: float, now: float | None = None) -> list[PartialSave]:
-    """Delete abandoned partial saves older than ``grace_seconds``; return what was removed.
+@dataclass(frozen=True)
+class GarbageReport:
+    """What one garbage collection removed from one tier."""
 
+    tier: str
+    partial_saves: list[PartialSave]
+    incomplete_objects: int
+
+
+def collect_partial_saves(
+    tier: Tier, run: str, *, grace_seconds: float, now: float | None = None
+) -> GarbageReport:
+    """Delete abandoned partial saves older than ``grace_seconds``; report what was removed.
+
+    Two kinds of debris: partial directories holding complete objects (a save
+    killed between files), and the tier's own incomplete objects (a save killed
+    inside a ``put``: temp files, abandoned uploads), which ``list`` never shows.
     The grace period protects saves still in flight in another process: only
-    directories whose newest object is older than the grace are removed.
+    debris whose newest object is older than the grace is removed.
     """
+    incomplete = tier.collect_incomplete(f"{validate_run(run)}/", grace_seconds)
     removed = []
     for partial in partial_saves(tier, run, now=now):
         if partial.age_seconds >= grace_seconds:
             tier.delete_prefix(partial.prefix)
             removed.append(partial)
-    return removed
+    return GarbageReport(tier.name, removed, incomplete)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import time
@@ -98,7 +99,9 @@ class Checkpointer:
         catalog.step_dir(step)
         started = time.perf_counter()
         flat = flatten_state(state)
-        reference_json = None if reference is None else typed_json.encode(dict(reference), root="reference")
+        reference_json = (
+            None if reference is None else typed_json.encode(dict(reference), root="reference")
+        )
         tier = self.store.fast
         if tier.exists(catalog.manifest_key(self.run, step)):
             self._set_aside_if_damaged(tier, step)
@@ -110,7 +113,12 @@ class Checkpointer:
                 staging,
                 rank=0,
                 flat=flat,
-                metadata={"format": "mouthguard.checkpoint", "run": self.run, "step": str(step), "rank": "0"},
+                metadata={
+                    "format": "mouthguard.checkpoint",
+                    "run": self.run,
+                    "step": str(step),
+                    "rank": "0",
+                },
                 with_sha256=self.with_sha256,
             )
             manifest = Manifest(
@@ -132,7 +140,12 @@ class Checkpointer:
             raise
         elapsed = time.perf_counter() - started
         log.info(
-            "saved %s step %d (%s, %d bytes) in %.3f s", self.run, step, level.value, manifest.nbytes, elapsed
+            "saved %s step %d (%s, %d bytes) in %.3f s",
+            self.run,
+            step,
+            level.value,
+            manifest.nbytes,
+            elapsed,
         )
         copy = CopyInfo(tier=tier.name, location=tier.location(final))
         return CheckpointInfo.from_manifest(manifest, (copy,), save_seconds=elapsed)
@@ -231,21 +244,25 @@ class Checkpointer:
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         if step is not None:
             catalog.step_dir(step)
-        rejected: list[Rejection] = []
+        rejected: builtins.list[Rejection] = []
         for candidate in candidates:
             loaded = self._load_step(candidate, into, rejected, fallback=step is None)
             if loaded is not None:
                 return loaded
         if not rejected:
             what = f"step {step}" if step is not None else "any step"
-            raise CheckpointNotFoundError(f"run {self.run!r} has no committed checkpoint for {what}")
+            raise CheckpointNotFoundError(
+                f"run {self.run!r} has no committed checkpoint for {what}"
+            )
         reasons = "; ".join(f"step {r.step} on {r.tier}: {r.reason}" for r in rejected)
         if step is not None:
-            raise CorruptCheckpointError(f"every copy of {self.run} step {step} is damaged: {reasons}")
+            raise CorruptCheckpointError(
+                f"every copy of {self.run} step {step} is damaged: {reasons}"
+            )
         raise NoValidCheckpointError(f"run {self.run!r} has no valid checkpoint: {reasons}")
 
     def _load_step(
-        self, step: int, into: object, rejected: list[Rejection], *, fallback: bool
+        self, step: int, into: object, rejected: builtins.list[Rejection], *, fallback: bool
     ) -> LoadedCheckpoint | None:
         prefix = catalog.checkpoint_prefix(self.run, step)
         for tier in self._tiers_holding(step):
@@ -256,9 +273,14 @@ class Checkpointer:
                 raise
             except MouthguardError as exc:
                 rejected.append(Rejection(step, tier.name, str(exc)))
-                then = "trying another copy or an older checkpoint" if fallback else "trying another copy"
+                then = (
+                    "trying another copy or an older checkpoint"
+                    if fallback
+                    else "trying another copy"
+                )
+                where = f"checkpoint {self.run} step {step} on tier {tier.name!r}"
                 warnings.warn(
-                    f"checkpoint {self.run} step {step} on tier {tier.name!r} rejected: {exc}; {then}",
+                    f"{where} rejected: {exc}; {then}",
                     CheckpointFallbackWarning,
                     stacklevel=4,
                 )
@@ -269,18 +291,20 @@ class Checkpointer:
             return LoadedCheckpoint(step, state, info, tier.name, list(rejected))
         return None
 
-    def _tiers_holding(self, step: int) -> list[Tier]:
+    def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         key = catalog.manifest_key(self.run, step)
         return [t for t in self.store.tiers if t.exists(key)]
 
     # --- housekeeping ----------------------------------------------------------
 
-    def collect_garbage(self, *, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> list[catalog.PartialSave]:
-        """Remove leftovers of interrupted saves older than ``grace_seconds`` on every tier."""
-        removed = []
-        for tier in self.store.tiers:
-            removed.extend(catalog.collect_partial_saves(tier, self.run, grace_seconds=grace_seconds))
-        return removed
+    def collect_garbage(
+        self, *, grace_seconds: float = DEFAULT_GRACE_SECONDS
+    ) -> builtins.list[catalog.GarbageReport]:
+        """Remove leftovers of interrupted saves older than ``grace_seconds``, per tier."""
+        return [
+            catalog.collect_partial_saves(tier, self.run, grace_seconds=grace_seconds)
+            for tier in self.store.tiers
+        ]
 
 
 def _remove_quietly(tier: Tier, prefix: str) -> None:

@@ -66,7 +66,10 @@ class CheckpointInfo:
 
     @classmethod
     def from_manifest(
-        cls, manifest: Manifest, copies: tuple[CopyInfo, ...] = (), save_seconds: float | None = None
+        cls,
+        manifest: Manifest,
+        copies: tuple[CopyInfo, ...] = (),
+        save_seconds: float | None = None,
     ) -> CheckpointInfo:
         """Build the info of a checkpoint from its manifest."""
         return cls(

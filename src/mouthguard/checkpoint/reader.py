@@ -80,7 +80,10 @@ def _check_object(tier: Tier, key: str, record: FileRecord) -> None:
 
 
 def _check_header(header: bytes, record: FileRecord, expected: list[TensorRecord]) -> None:
-    entries, _ = parse_header(header, record.size)
+    try:
+        entries, _ = parse_header(header, record.size)
+    except RankFileError as exc:
+        raise RankFileError(f"{record.name}: {exc}") from None
     got = [(e.name, e.dtype, e.shape, e.offset, e.length) for e in entries]
     want = [(t.name, t.dtype, t.shape, t.offset, t.length) for t in expected]
     if sorted(got) != sorted(want):
@@ -150,7 +153,9 @@ def _check_references(manifest: Manifest, rank: int) -> dict[str, list[str]]:
     stored = {t.name for t in manifest.tensors_in(_rank_file(manifest, rank).name)}
     missing = sorted(set(refs) - stored)
     if missing:
-        raise ManifestError(f"state of rank {rank} refers to tensors not in its file: {missing[:5]}")
+        raise ManifestError(
+            f"state of rank {rank} refers to tensors not in its file: {missing[:5]}"
+        )
     return refs
 
 
@@ -158,9 +163,7 @@ def _into_targets(into: object) -> dict[str, torch.Tensor]:
     return {typed_json.format_key_path(parts): t for parts, t in iter_tensors(into)}
 
 
-def _plan(
-    manifest: Manifest, rank: int, into_map: dict[str, torch.Tensor]
-) -> list[_Target]:
+def _plan(manifest: Manifest, rank: int, into_map: dict[str, torch.Tensor]) -> list[_Target]:
     refs = _check_references(manifest, rank)
     targets = []
     for record in manifest.tensors_in(_rank_file(manifest, rank).name):
@@ -223,7 +226,7 @@ def load_copy(
         if target.copy_to is not None:
             target.copy_to.copy_(target.tensor)
 
-    def lookup(name: str, path: str) -> torch.Tensor:
+    def lookup(name: str, _path: str) -> torch.Tensor:
         return loaded[name]
 
     def finish(tensor: torch.Tensor, path: str) -> torch.Tensor:

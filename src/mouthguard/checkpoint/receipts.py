@@ -19,10 +19,20 @@ from mouthguard.tiers.base import PutMode, Tier
 RECEIPT_NAME = "sidecar.verified.json"
 
 
-def write_receipt(tier: Tier, run: str, step: int, manifest_bytes: bytes, when: dt.datetime) -> None:
+def write_receipt(
+    tier: Tier, run: str, step: int, manifest_bytes: bytes, when: dt.datetime
+) -> None:
     """Record on ``tier`` that its copy of ``run``/``step`` verified at ``when``."""
-    body = {"manifest": xxh3_digest(manifest_bytes), "verified_at": when.isoformat(), "tier": tier.name}
-    tier.put(checkpoint_prefix(run, step) + RECEIPT_NAME, json.dumps(body).encode(), mode=PutMode.OVERWRITE)
+    body = {
+        "manifest": xxh3_digest(manifest_bytes),
+        "verified_at": when.isoformat(),
+        "tier": tier.name,
+    }
+    tier.put(
+        checkpoint_prefix(run, step) + RECEIPT_NAME,
+        json.dumps(body).encode(),
+        mode=PutMode.OVERWRITE,
+    )
 
 
 def read_receipt(tier: Tier, run: str, step: int) -> dt.datetime | None:

@@ -21,23 +21,25 @@ from mouthguard.errors import StateMismatchError
 class Stateful(Protocol):
     """Anything with ``state_dict``/``load_state_dict`` (models, optimizers, schedulers)."""
 
-    def state_dict(self) -> Any:  # noqa: ANN401 - torch's own signatures return Any
+    def state_dict(self) -> Any:
         """Return the object's state."""
 
-    def load_state_dict(self, state_dict: Any, /) -> Any:  # noqa: ANN401
+    def load_state_dict(self, state_dict: Any, /) -> Any:
         """Restore the object's state."""
 
 
 def capture_rng_state() -> dict[str, object]:
     """Snapshot every RNG a training loop commonly draws from."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)  # legacy=True always gives the MT19937 tuple
+    kind, keys, pos, has_gauss, cached = legacy
     state: dict[str, object] = {
         "python": (version, tuple(internal), gauss),
         "numpy": (str(kind), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 
@@ -49,17 +51,18 @@ def restore_rng_state(state: Mapping[str, object]) -> None:
         StateMismatchError: the snapshot is malformed.
     """
     try:
-        version, internal, gauss = state["python"]  # type: ignore[misc]
+        python_state: Any = state["python"]
+        version, internal, gauss = python_state
         random.setstate((version, tuple(internal), gauss))
-        kind, keys, pos, has_gauss, cached = state["numpy"]  # type: ignore[misc]
+        numpy_state: Any = state["numpy"]
+        kind, keys, pos, has_gauss, cached = numpy_state
         np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-        torch_state = state["torch"]
-        if not isinstance(torch_state, torch.Tensor):
-            raise TypeError("torch RNG state must be a tensor")
+        torch_state: Any = state["torch"]
         torch.set_rng_state(torch_state)
         cuda = state.get("cuda")
         if cuda is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(list(cuda))  # type: ignore[call-overload]
+            cuda_states: Any = cuda
+            torch.cuda.set_rng_state_all(list(cuda_states))
     except (KeyError, TypeError, ValueError) as exc:
         raise StateMismatchError(f"malformed RNG state in checkpoint: {exc}") from None
 

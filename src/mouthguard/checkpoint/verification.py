@@ -49,9 +49,11 @@ def find_copies(store: Store, run: str | None = None, step: int | None = None) -
     for tier in store.tiers:
         runs = [run] if run is not None else catalog.list_runs(tier)
         for name in runs:
-            for found in catalog.committed_steps(tier, name):
-                if step is None or found == step:
-                    targets.append(CopyTarget(name, found, tier))
+            targets.extend(
+                CopyTarget(name, found, tier)
+                for found in catalog.committed_steps(tier, name)
+                if step is None or found == step
+            )
     return sorted(targets, key=lambda t: (t.run, t.step, store.tiers.index(t.tier)))
 
 
@@ -68,8 +70,12 @@ def verify_target(target: CopyTarget, *, record_receipt: bool = True) -> CopyRep
             write_receipt(target.tier, target.run, target.step, raw, dt.datetime.now(dt.UTC))
     except MouthguardError as exc:
         nbytes = manifest.nbytes if manifest is not None else 0
-        return CopyReport(target.run, target.step, target.tier.name, location, False, str(exc), nbytes)
-    return CopyReport(target.run, target.step, target.tier.name, location, True, "ok", manifest.nbytes)
+        return CopyReport(
+            target.run, target.step, target.tier.name, location, False, str(exc), nbytes
+        )
+    return CopyReport(
+        target.run, target.step, target.tier.name, location, True, "ok", manifest.nbytes
+    )
 
 
 def verify_all(

@@ -59,7 +59,8 @@ def staging_prefix(tier: Tier, run: str, step: int, txn: str) -> str:
 def layout_for(flat: FlatState, metadata: dict[str, str]) -> RankFileLayout:
     """The rank-file layout of ``flat``: header plus tensors back to back in order."""
     return build_layout(
-        [(t.name, dtype_code(t.tensor.dtype), tuple(t.tensor.shape)) for t in flat.tensors], metadata
+        [(t.name, dtype_code(t.tensor.dtype), tuple(t.tensor.shape)) for t in flat.tensors],
+        metadata,
     )
 
 

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--store",
         default=os.environ.get("MOUTHGUARD_STORE", DEFAULT_STORE),
-        help="store directory or mouthguard.toml (default: $MOUTHGUARD_STORE or ./mouthguard-store)",
+        help="store directory or mouthguard.toml "
+        "(default: $MOUTHGUARD_STORE, else ./mouthguard-store)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -165,8 +166,18 @@ def _verify(store: Store, args: argparse.Namespace, console: Console) -> int:
     reports = _run_verification(targets, console, quiet=args.json)
     if args.json:
         for r in reports:
-            print(json.dumps({"run": r.run, "step": r.step, "tier": r.tier, "location": r.location,
-                              "ok": r.ok, "reason": r.reason}))
+            print(
+                json.dumps(
+                    {
+                        "run": r.run,
+                        "step": r.step,
+                        "tier": r.tier,
+                        "location": r.location,
+                        "ok": r.ok,
+                        "reason": r.reason,
+                    }
+                )
+            )
     else:
         _print_reports(reports, console)
     return EXIT_OK if all(r.ok for r in reports) else EXIT_INVALID
@@ -177,7 +188,9 @@ def _run_verification(
 ) -> list[CopyReport]:
     from rich.progress import Progress  # noqa: PLC0415 - only verify shows progress
 
-    with Progress(console=console, transient=True, disable=quiet or not console.is_terminal) as progress:
+    with Progress(
+        console=console, transient=True, disable=quiet or not console.is_terminal
+    ) as progress:
         task = progress.add_task("verifying", total=len(targets))
         return list(verify_all(targets, on_done=lambda _: progress.advance(task)))
 
@@ -196,14 +209,17 @@ def _print_reports(reports: list[CopyReport], console: Console) -> None:
 
 
 def _gc(store: Store, args: argparse.Namespace, console: Console) -> int:
-    removed = [
-        p
-        for run in _runs(store, args.run)
-        for p in Checkpointer(store, run).collect_garbage(grace_seconds=args.grace_seconds)
-    ]
-    for p in removed:
-        console.print(f"removed {p.prefix} ({human_bytes(p.nbytes)}, {p.age_seconds:.0f} s old)")
-    console.print(f"{len(removed)} interrupted save(s) removed")
+    saves = incomplete = 0
+    for run in _runs(store, args.run):
+        for report in Checkpointer(store, run).collect_garbage(grace_seconds=args.grace_seconds):
+            for p in report.partial_saves:
+                console.print(
+                    f"removed {report.tier}:{p.prefix} "
+                    f"({human_bytes(p.nbytes)}, {p.age_seconds:.0f} s old)"
+                )
+            saves += len(report.partial_saves)
+            incomplete += report.incomplete_objects
+    console.print(f"{saves} interrupted save(s) and {incomplete} incomplete file(s) removed")
     return EXIT_OK
 
 

@@ -61,6 +61,10 @@ def validate_digest(value: object, algorithm: str, where: str) -> str:
     if not isinstance(value, str):
         raise FormatError(f"{where}: malformed {algorithm} digest {value!r}")
     match = _DIGEST.fullmatch(value)
-    if match is None or match.group(1) != algorithm or len(match.group(2)) != _HEX_LENGTH[algorithm]:
+    if (
+        match is None
+        or match.group(1) != algorithm
+        or len(match.group(2)) != _HEX_LENGTH[algorithm]
+    ):
         raise FormatError(f"{where}: malformed {algorithm} digest {value!r}")
     return value

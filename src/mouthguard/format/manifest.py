@@ -131,10 +131,7 @@ class Manifest:
             "states": list(self.states),
             "reference": self.reference,
         }
-        text = typed_json.dumps_strict(body, indent=1).encode()
-        assert text.endswith(b"\n}") or text.endswith(b"}")
-        prefix = text[: text.rindex(b"}")].rstrip()
-        return prefix + _MARKER + xxh3_digest(prefix).encode() + _END
+        return seal(body)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Manifest:
@@ -144,6 +141,18 @@ class Manifest:
             ManifestError: the bytes fail the checksum, are malformed, or are hostile.
         """
         return parse_manifest(raw)
+
+
+def seal(body: dict[str, JsonValue]) -> bytes:
+    """Serialise a manifest body and append its checksum trailer.
+
+    Exposed so that tools (and hostile-input tests) can produce manifests whose
+    checksum is valid but whose content is not: the checksum proves integrity,
+    never sanity; :func:`parse_manifest` checks both.
+    """
+    text = typed_json.dumps_strict(body, indent=1).encode()
+    prefix = text[: text.rindex(b"}")].rstrip()
+    return prefix + _MARKER + xxh3_digest(prefix).encode() + _END
 
 
 def _file_json(f: FileRecord) -> JsonValue:
@@ -166,7 +175,9 @@ def parse_manifest(raw: bytes) -> Manifest:
         ManifestError: anything is wrong; the message says what.
     """
     if len(raw) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"manifest is {len(raw)} bytes, larger than the {MAX_MANIFEST_BYTES} limit")
+        raise ManifestError(
+            f"manifest is {len(raw)} bytes, larger than the {MAX_MANIFEST_BYTES} limit"
+        )
     cut = raw.rfind(_MARKER)
     if cut < 0 or not raw.endswith(_END):
         raise ManifestError("manifest has no checksum trailer (truncated or not a manifest)")
@@ -232,7 +243,9 @@ def _str(obj: dict[str, JsonValue], key: str) -> str:
 def _nat(obj: dict[str, JsonValue], key: str, limit: int) -> int:
     value = obj.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
-        raise ManifestError(f"manifest field {key!r} must be an integer in [0, {limit}], got {value!r}")
+        raise ManifestError(
+            f"manifest field {key!r} must be an integer in [0, {limit}], got {value!r}"
+        )
     return value
 
 
@@ -248,14 +261,18 @@ def _files(raw: JsonValue, world_size: int) -> tuple[FileRecord, ...]:
         try:
             validate_segment(name)
         except InvalidKeyError:
-            raise ManifestError(f"files[{i}] names {name!r}, which is outside its checkpoint") from None
+            raise ManifestError(
+                f"files[{i}] names {name!r}, which is outside its checkpoint"
+            ) from None
         if name == MANIFEST_NAME or name in names:
             raise ManifestError(f"files[{i}]: duplicate or reserved file name {name!r}")
         names.add(name)
         size = _nat(item, "size", MAX_FILE_SIZE)
         data_offset = _nat(item, "data_offset", size)
         if data_offset < 8 or data_offset % HEADER_ALIGN:
-            raise ManifestError(f"file {name!r}: data_offset {data_offset} is not a padded header end")
+            raise ManifestError(
+                f"file {name!r}: data_offset {data_offset} is not a padded header end"
+            )
         sha = item.get("sha256")
         records.append(
             FileRecord(

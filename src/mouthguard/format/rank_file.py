@@ -20,10 +20,11 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from mouthguard.errors import RankFileError
+from mouthguard.errors import FormatError, RankFileError
 from mouthguard.format.dtypes import itemsize
 
 HEADER_ALIGN = 4096
@@ -96,7 +97,11 @@ def build_layout(
         if name == _METADATA_KEY or name in header:
             raise RankFileError(f"duplicate or reserved tensor name {name!r}")
         length = expected_length(dtype, shape)
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [relative, relative + length]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(shape),
+            "data_offsets": [relative, relative + length],
+        }
         sized.append((name, dtype, shape, relative, length))
         relative += length
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
@@ -104,7 +109,8 @@ def build_layout(
     padded = text + b" " * (total - 8 - len(text))
     head = struct.pack("<Q", len(padded)) + padded
     entries = tuple(
-        TensorEntry(name, dtype, shape, total + rel, length) for name, dtype, shape, rel, length in sized
+        TensorEntry(name, dtype, shape, total + rel, length)
+        for name, dtype, shape, rel, length in sized
     )
     return RankFileLayout(head, entries)
 
@@ -156,7 +162,9 @@ def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], 
     cursor = data_offset
     for entry in entries:
         if entry.offset != cursor:
-            raise RankFileError(f"tensor {entry.name!r} overlaps or leaves a gap at offset {cursor}")
+            raise RankFileError(
+                f"tensor {entry.name!r} overlaps or leaves a gap at offset {cursor}"
+            )
         cursor = entry.end
     if cursor != file_size:
         raise RankFileError(f"tensor data covers {cursor} bytes but the file has {file_size}")
@@ -184,7 +192,7 @@ def _parse_entry(name: object, info: object, data_offset: int) -> TensorEntry:
         raise RankFileError(f"tensor {name!r}: malformed data_offsets {offsets!r}")
     try:
         length = expected_length(dtype, shape)
-    except Exception as exc:
+    except FormatError as exc:
         raise RankFileError(f"tensor {name!r}: {exc}") from None
     if offsets[1] - offsets[0] != length:
         raise RankFileError(f"tensor {name!r}: data_offsets span does not match dtype and shape")
@@ -193,8 +201,10 @@ def _parse_entry(name: object, info: object, data_offset: int) -> TensorEntry:
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
     """Return the raw bytes of a contiguous CPU tensor as a flat memoryview (no copy)."""
-    assert tensor.is_contiguous() and tensor.device.type == "cpu"
+    assert tensor.is_contiguous()
+    assert tensor.device.type == "cpu"
     flat = tensor.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    array: Any = flat.view(torch.uint8).numpy()  # numpy arrays are buffers; stubs disagree
+    return memoryview(array).cast("B")

@@ -65,7 +65,9 @@ def iter_tensors(state: object) -> Iterator[tuple[tuple[str | int, ...], torch.T
     """
     active: set[int] = set()
 
-    def walk(obj: object, parts: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], torch.Tensor]]:
+    def walk(
+        obj: object, parts: tuple[str | int, ...]
+    ) -> Iterator[tuple[tuple[str | int, ...], torch.Tensor]]:
         if isinstance(obj, torch.Tensor):
             yield parts, obj
             return
@@ -100,10 +102,10 @@ def _view_signature(tensor: torch.Tensor) -> tuple[object, ...]:
 
 def _byte_extent(tensor: torch.Tensor) -> tuple[int, int]:
     size = tensor.element_size()
-    start = tensor.storage_offset() * size
+    start = int(tensor.storage_offset()) * size
     if tensor.numel() == 0:
         return start, start
-    span = sum((d - 1) * s for d, s in zip(tensor.shape, tensor.stride(), strict=True)) + 1
+    span = sum((int(d) - 1) * s for d, s in zip(tensor.shape, tensor.stride(), strict=True)) + 1
     return start, start + span * size
 
 
@@ -120,7 +122,9 @@ def flatten_state(state: object) -> FlatState:
     for (parts, tensor), name in zip(found, names, strict=True):
         if not is_supported(tensor.dtype):
             path = typed_json.format_key_path(parts)
-            raise UnsupportedStateError(f"cannot store {path}: tensor dtype {tensor.dtype} is not supported")
+            raise UnsupportedStateError(
+                f"cannot store {path}: tensor dtype {tensor.dtype} is not supported"
+            )
         key = _storage_key(tensor) or ("unshared", id(tensor), len(groups))
         groups.setdefault(key, []).append((name, parts, tensor))
 
@@ -135,7 +139,7 @@ def flatten_state(state: object) -> FlatState:
             continue
         stored.append(_shared_storage_blob(first_name, members, refs))
 
-    def hook(obj: object, path: str) -> JsonValue | None:
+    def hook(obj: object, _path: str) -> JsonValue | None:
         if isinstance(obj, torch.Tensor):
             return refs[id(obj)]
         return None
@@ -261,7 +265,11 @@ def _rebuild_view(spec: dict[str, JsonValue], path: str, lookup: TensorLookup) -
     assert isinstance(offset, int)
     dims = [int(d) for d in shape if isinstance(d, int)]
     steps = [int(s) for s in stride if isinstance(s, int)]
-    span = 0 if math.prod(dims) == 0 else sum((d - 1) * s for d, s in zip(dims, steps, strict=True)) + 1
+    span = (
+        0
+        if math.prod(dims) == 0
+        else sum((d - 1) * s for d, s in zip(dims, steps, strict=True)) + 1
+    )
     if blob.dtype != torch.uint8 or blob.dim() != 1 or (offset + span) * size > blob.numel():
         raise FormatError(f"{path}: view reaches outside its shared storage {storage!r}")
     if blob.storage_offset() % size:

@@ -18,7 +18,7 @@ __all__ = [
     "PutMode",
     "Tier",
     "TierCapabilities",
-    "join_key",
     "iter_buffers",
+    "join_key",
     "validate_key",
 ]

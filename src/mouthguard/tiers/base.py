@@ -159,6 +159,18 @@ class Tier(abc.ABC):
         """
         raise UnsupportedOperationError(f"tier {self.name!r} cannot rename atomically")
 
+    def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
+        """Remove the tier's own leftovers of interrupted writes under ``prefix``.
+
+        A process killed inside ``put`` leaves tier-internal debris that ``list``
+        never shows (temporary files on POSIX, abandoned multipart uploads on S3).
+        Only debris older than ``older_than_seconds`` is removed, so writes still in
+        flight in another process are safe. Returns how many items were removed.
+        Tiers that cannot leave debris keep this default.
+        """
+        del prefix, older_than_seconds  # nothing to collect on a tier without debris
+        return 0
+
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under ``prefix`` (ending with ``/``); return how many."""
         count = 0

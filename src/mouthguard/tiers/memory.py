@@ -1,0 +1,236 @@
+"""An in-process RAM tier: the fastest tier, and the reference implementation of the contract.
+
+:class:`MemoryTier` keeps every object as an immutable ``bytes`` value in a dict
+guarded by one lock. It is neither durable nor persistent: its objects vanish
+with the process (or with the instance). It exists for a node-local "fast"
+tier and for tests, and it deliberately implements every rule of
+:mod:`mouthguard.tiers.base` exactly, including atomic ``rename_prefix`` and
+atomic ``PutMode.CREATE``.
+
+The module also holds the few argument checks every tier shares
+(:func:`check_range`, :func:`validate_dir_prefix`, :func:`rename_keys`), so that
+all tiers reject the same inputs with the same errors.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+import time
+from collections.abc import Iterator
+
+from mouthguard.errors import InvalidKeyError, ObjectExistsError, ObjectNotFoundError, TierError
+from mouthguard.tiers.base import (
+    ObjectInfo,
+    PutData,
+    PutMode,
+    Tier,
+    TierCapabilities,
+    iter_buffers,
+)
+from mouthguard.tiers.keys import validate_key, validate_prefix
+
+_CAPABILITIES = TierCapabilities(
+    atomic_rename=True,
+    conditional_put=True,
+    object_lock=False,
+    durable=False,
+    persistent=False,
+)
+
+
+def check_range(key: str, size: int, start: int, end: int | None) -> int:
+    """Validate the byte range ``[start, end)`` of an object of ``size`` bytes.
+
+    Args:
+        key: the object's key (for the error message).
+        size: the object's size in bytes.
+        start: first byte to read; must be ``>= 0``.
+        end: one past the last byte; ``None`` means ``size``. Must satisfy
+            ``start <= end <= size``.
+
+    Returns:
+        The effective ``end``.
+
+    Raises:
+        TierError: the range is negative, reversed or runs past the object's end.
+            A short read is never returned silently.
+    """
+    stop = size if end is None else end
+    if start < 0 or stop < start or stop > size:
+        raise TierError(
+            f"invalid byte range [{start}, {end}) for {key!r}: the object has {size} bytes"
+        )
+    return stop
+
+
+def validate_dir_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it is a valid ``list_dirs`` prefix: empty or ending with ``/``.
+
+    Raises:
+        InvalidKeyError: the prefix is not a valid key or does not end with ``/``.
+    """
+    validate_prefix(prefix)
+    if prefix and not prefix.endswith("/"):
+        raise InvalidKeyError(f"invalid directory prefix {prefix!r}: must be empty or end with '/'")
+    return prefix
+
+
+def rename_keys(src: str, dst: str) -> tuple[str, str]:
+    """Validate the arguments of ``rename_prefix`` and return them as ``/``-ended prefixes.
+
+    Args:
+        src: the source prefix, with or without a trailing ``/``.
+        dst: the destination prefix, with or without a trailing ``/``.
+
+    Returns:
+        ``(src + "/", dst + "/")``.
+
+    Raises:
+        InvalidKeyError: either prefix is not a valid key.
+        TierError: the prefixes are equal or one contains the other; a POSIX
+            rename refuses that too, so every tier refuses it.
+    """
+    src_key = validate_key(src.removesuffix("/"))
+    dst_key = validate_key(dst.removesuffix("/"))
+    src_p, dst_p = src_key + "/", dst_key + "/"
+    if src_p.startswith(dst_p) or dst_p.startswith(src_p):
+        raise TierError(f"cannot rename {src_key!r} to {dst_key!r}: the prefixes overlap")
+    return src_p, dst_p
+
+
+class MemoryTier(Tier):
+    """A thread-safe tier holding objects in a dict, copied on the way in.
+
+    Args:
+        name: the tier's name in the store configuration.
+        domain: the failure domain (``"ram"``: lost with the process).
+    """
+
+    def __init__(self, name: str = "memory", domain: str = "ram") -> None:
+        super().__init__(name, domain)
+        # One lock for everything: operations are O(n) at worst and the lock is
+        # what makes CREATE and rename_prefix atomic.
+        self._lock = threading.Lock()
+        self._objects: dict[str, tuple[bytes, float]] = {}
+
+    @property
+    def capabilities(self) -> TierCapabilities:
+        """Atomic rename and conditional put; neither durable nor persistent."""
+        return _CAPABILITIES
+
+    def location(self, prefix: str = "") -> str:
+        """Return ``memory://<name>/<prefix>``."""
+        validate_prefix(prefix)
+        return f"memory://{self.name}/{prefix}"
+
+    def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
+        """Store a private copy of ``data`` under ``key``.
+
+        Each chunk is copied as it arrives, because a streaming caller may refill
+        the same buffer for the next chunk. The object becomes visible only once
+        complete: an exception from ``data`` leaves the tier unchanged.
+
+        Raises:
+            InvalidKeyError: ``key`` is not a valid key.
+            ObjectExistsError: ``mode`` is CREATE and ``key`` exists (checked atomically).
+        """
+        validate_key(key)
+        parts = [bytes(chunk) for chunk in iter_buffers(data)]
+        blob = parts[0] if len(parts) == 1 else b"".join(parts)
+        mtime = time.time()
+        with self._lock:
+            if mode is PutMode.CREATE and key in self._objects:
+                raise ObjectExistsError(f"object {key!r} already exists on tier {self.name!r}")
+            self._objects[key] = (blob, mtime)
+        return ObjectInfo(key, len(blob), mtime)
+
+    def _blob(self, key: str) -> bytes:
+        validate_key(key)
+        with self._lock:
+            entry = self._objects.get(key)
+        if entry is None:
+            raise ObjectNotFoundError(f"object {key!r} not found on tier {self.name!r}")
+        return entry[0]
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Return bytes ``[start, end)`` of the object.
+
+        Raises:
+            InvalidKeyError: ``key`` is not a valid key.
+            ObjectNotFoundError: no object under ``key``.
+            TierError: the range is negative, reversed or past the end.
+        """
+        blob = self._blob(key)
+        stop = check_range(key, len(blob), start, end)
+        if start == 0 and stop == len(blob):
+            return blob
+        return blob[start:stop]
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        """Copy the object's bytes ``[offset, offset + out.nbytes)`` straight into ``out``.
+
+        Raises:
+            InvalidKeyError: ``key`` is not a valid key.
+            ObjectNotFoundError: no object under ``key``.
+            TierError: the range runs past the object's end.
+        """
+        blob = self._blob(key)
+        target = out.cast("B")
+        stop = check_range(key, len(blob), offset, offset + target.nbytes)
+        target[:] = memoryview(blob)[offset:stop]
+
+    def head(self, key: str) -> ObjectInfo:
+        """Return the object's info or raise :class:`ObjectNotFoundError`."""
+        validate_key(key)
+        with self._lock:
+            entry = self._objects.get(key)
+        if entry is None:
+            raise ObjectNotFoundError(f"object {key!r} not found on tier {self.name!r}")
+        return ObjectInfo(key, len(entry[0]), entry[1])
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Return an iterator over a sorted snapshot of the keys starting with ``prefix``."""
+        validate_prefix(prefix)
+        with self._lock:
+            keys = [k for k in self._objects if k.startswith(prefix)]
+        keys.sort()
+        return iter(keys)
+
+    # ``builtins.list``: in the class body ``list`` names the method above.
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """Return the sorted names ``n`` such that an object lives below ``prefix + n + "/"``.
+
+        Raises:
+            InvalidKeyError: ``prefix`` is invalid or neither empty nor ``/``-terminated.
+        """
+        validate_dir_prefix(prefix)
+        with self._lock:
+            keys = [k for k in self._objects if k.startswith(prefix)]
+        names = {rest.split("/", 1)[0] for k in keys if "/" in (rest := k[len(prefix) :])}
+        return sorted(names)
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; return whether it existed."""
+        validate_key(key)
+        with self._lock:
+            return self._objects.pop(key, None) is not None
+
+    def rename_prefix(self, src: str, dst: str) -> None:
+        """Move every object under ``src/`` to ``dst/`` in one step under the lock.
+
+        Raises:
+            InvalidKeyError: ``src`` or ``dst`` is not a valid key.
+            TierError: the prefixes overlap.
+            ObjectNotFoundError: nothing exists under ``src/``.
+            ObjectExistsError: ``dst/`` already holds an object.
+        """
+        src_p, dst_p = rename_keys(src, dst)
+        with self._lock:
+            moving = [k for k in self._objects if k.startswith(src_p)]
+            if not moving:
+                raise ObjectNotFoundError(f"nothing under {src_p!r} on tier {self.name!r}")
+            if any(k.startswith(dst_p) for k in self._objects):
+                raise ObjectExistsError(f"destination {dst_p!r} is not empty on {self.name!r}")
+            for k in moving:
+                self._objects[dst_p + k[len(src_p) :]] = self._objects.pop(k)

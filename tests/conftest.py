@@ -1,0 +1,21 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import mouthguard
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> mouthguard.Store:
+    """A fresh embedded default store in a temporary directory."""
+    return mouthguard.open_store(tmp_path / "store")
+
+
+@pytest.fixture
+def ckpt(store: mouthguard.Store) -> mouthguard.Checkpointer:
+    """A checkpointer for run ``r`` on a fresh store."""
+    return mouthguard.Checkpointer(store, run="r")

@@ -1,0 +1,393 @@
+"""The tier conformance suite: the contract of ``mouthguard.tiers.base``, as tests.
+
+Every tier's test module subclasses :class:`TierConformance` and provides a
+``make_tier`` fixture: a zero-argument factory returning a *new instance over
+the same backing storage* on each call (for a RAM tier, simply a new tier). The
+suite's ``tier`` fixture is ``make_tier()``; a subclass may override it.
+"""
+
+from __future__ import annotations
+
+import array
+import random
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from mouthguard.errors import (
+    InvalidKeyError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    TierError,
+    UnsupportedOperationError,
+)
+from mouthguard.tiers.base import BytesLike, ObjectInfo, PutMode, Tier
+
+MiB = 1024 * 1024
+
+INVALID_KEYS = [
+    "../x",
+    "a/../../x",
+    "/abs",
+    "a//b",
+    "a/./b",
+    "a/",
+    ".hidden",
+    "a/.hidden",
+    "",
+    "a\x00b",
+    "a b",
+    "a\\b",
+    "a" * 300,  # one segment longer than NAME_MAX
+    "/".join(["a" * 200] * 6),  # whole key longer than MAX_KEY_LENGTH
+]
+
+INVALID_PREFIXES = ["../", "/abs", "a//", "a/./", ".hidden/", "a\x00/", "/"]
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def assert_plain_tier_error(excinfo: pytest.ExceptionInfo[TierError]) -> None:
+    # Range errors must be reported as such, not disguised as a missing object.
+    assert not isinstance(excinfo.value, ObjectNotFoundError | InvalidKeyError)
+
+
+class TierConformance:
+    """Contract tests shared by every tier. Subclasses provide ``make_tier``."""
+
+    @pytest.fixture
+    def tier(self, make_tier: Callable[[], Tier]) -> Tier:
+        return make_tier()
+
+    # --- put / get -------------------------------------------------------------
+
+    @pytest.mark.parametrize("size", [0, 1, 4096, 100_003])
+    def test_roundtrip_single_buffer(self, tier: Tier, size: int) -> None:
+        data = payload(size, seed=size)
+        info = tier.put("obj/one", data)
+        assert info == ObjectInfo("obj/one", size, info.mtime)
+        assert tier.get("obj/one") == data
+
+    def test_roundtrip_mixed_chunks(self, tier: Tier) -> None:
+        chunks: list[BytesLike] = [
+            b"abc",
+            bytearray(b"defg"),
+            memoryview(b"hij"),
+            b"",
+            memoryview(bytearray(b"k")),
+        ]
+        info = tier.put("chunks", chunks)
+        assert info.size == 11
+        assert tier.get("chunks") == b"abcdefghijk"
+
+    def test_roundtrip_generator_and_typed_views(self, tier: Tier) -> None:
+        ints = array.array("i", range(100))
+
+        def gen() -> Iterator[memoryview]:
+            yield memoryview(ints)
+            yield memoryview(b"tail")
+
+        tier.put("typed", gen())
+        assert tier.get("typed") == ints.tobytes() + b"tail"
+        assert tier.head("typed").size == len(ints.tobytes()) + 4
+
+    def test_five_mib_object_streamed(self, tier: Tier) -> None:
+        data = payload(5 * MiB, seed=5)
+        chunks = (data[i : i + MiB] for i in range(0, len(data), MiB))
+        assert tier.put("big/blob", chunks).size == 5 * MiB
+        assert tier.get("big/blob") == data
+        out = bytearray(MiB)
+        tier.read_into("big/blob", 3 * MiB + 7, memoryview(out)[: MiB - 7])
+        assert out[: MiB - 7] == data[3 * MiB + 7 : 4 * MiB]
+        assert out[MiB - 7 :] == bytes(7)  # nothing written past the view
+
+    def test_put_copies_its_input(self, tier: Tier) -> None:
+        buf = bytearray(b"original")
+        tier.put("copy", buf)
+        buf[:] = b"mutated!"
+        assert tier.get("copy") == b"original"
+
+    def test_put_copies_each_reused_chunk(self, tier: Tier) -> None:
+        # A streaming writer may refill one buffer for every chunk.
+        buf = bytearray(4)
+
+        def refill() -> Iterator[bytearray]:
+            for word in (b"aaaa", b"bbbb", b"cccc"):
+                buf[:] = word
+                yield buf
+
+        tier.put("reused", refill())
+        assert tier.get("reused") == b"aaaabbbbcccc"
+
+    def test_failing_iterable_is_all_or_nothing(self, tier: Tier) -> None:
+        tier.put("keep", b"old")
+
+        def broken() -> Iterator[bytes]:
+            yield b"x" * 1000
+            raise RuntimeError("source died")
+
+        with pytest.raises(RuntimeError, match="source died"):
+            tier.put("keep", broken())
+        with pytest.raises(RuntimeError, match="source died"):
+            tier.put("fresh/obj", broken())
+        assert tier.get("keep") == b"old"
+        assert not tier.exists("fresh/obj")
+        assert list(tier.list()) == ["keep"]
+
+    # --- ranges ----------------------------------------------------------------
+
+    def test_get_ranges(self, tier: Tier) -> None:
+        data = payload(1000, seed=1)
+        tier.put("r", data)
+        assert tier.get("r", 10, 20) == data[10:20]
+        assert tier.get("r", 990) == data[990:]
+        assert tier.get("r", 0, 0) == b""
+        assert tier.get("r", 1000) == b""
+        assert tier.get("r", 1000, 1000) == b""
+
+    @pytest.mark.parametrize(("start", "end"), [(-1, None), (5, 2), (0, 1001), (1001, None)])
+    def test_get_bad_ranges_raise(self, tier: Tier, start: int, end: int | None) -> None:
+        tier.put("r", payload(1000))
+        with pytest.raises(TierError) as excinfo:
+            tier.get("r", start, end)
+        assert_plain_tier_error(excinfo)
+
+    def test_read_into_at_offsets(self, tier: Tier) -> None:
+        data = payload(4096, seed=2)
+        tier.put("ri", data)
+        out = bytearray(100)
+        tier.read_into("ri", 123, memoryview(out))
+        assert bytes(out) == data[123:223]
+        tier.read_into("ri", 4096 - 100, memoryview(out))
+        assert bytes(out) == data[-100:]
+        tier.read_into("ri", 4096, memoryview(out)[:0])  # empty read at the very end
+        words = array.array("H", [0] * 8)
+        tier.read_into("ri", 2, memoryview(words))
+        assert words.tobytes() == data[2:18]
+
+    @pytest.mark.parametrize(("offset", "size"), [(4000, 100), (-1, 4), (4097, 0)])
+    def test_read_into_past_end_raises(self, tier: Tier, offset: int, size: int) -> None:
+        tier.put("ri", payload(4096))
+        out = bytearray(size)
+        with pytest.raises(TierError) as excinfo:
+            tier.read_into("ri", offset, memoryview(out))
+        assert_plain_tier_error(excinfo)
+
+    def test_every_range_of_a_small_object(self, tier: Tier) -> None:
+        # Exhaustive over a small domain: every valid range reads exactly the
+        # slice, every invalid one (negative, reversed, past the end) raises.
+        data = payload(13, seed=4)
+        tier.put("small", data)
+        for start in range(-1, 16):
+            for end in [None, *range(-1, 16)]:
+                stop = len(data) if end is None else end
+                valid = 0 <= start <= stop <= len(data)
+                if valid:
+                    assert tier.get("small", start, end) == data[start:stop]
+                    out = bytearray(stop - start)
+                    tier.read_into("small", start, memoryview(out))
+                    assert bytes(out) == data[start:stop]
+                else:
+                    with pytest.raises(TierError):
+                        tier.get("small", start, end)
+                if not valid and start >= 0 and stop >= start:
+                    with pytest.raises(TierError):
+                        tier.read_into("small", start, memoryview(bytearray(stop - start)))
+
+    def test_missing_objects(self, tier: Tier) -> None:
+        with pytest.raises(ObjectNotFoundError):
+            tier.get("nope")
+        with pytest.raises(ObjectNotFoundError):
+            tier.read_into("nope", 0, memoryview(bytearray(1)))
+        with pytest.raises(ObjectNotFoundError):
+            tier.head("nope/deeper")
+        assert not tier.exists("nope")
+
+    # --- modes, head, exists ---------------------------------------------------
+
+    def test_create_refuses_existing_and_keeps_old(self, tier: Tier) -> None:
+        assert tier.put("c/k", b"first", mode=PutMode.CREATE).size == 5
+        with pytest.raises(ObjectExistsError):
+            tier.put("c/k", b"second", mode=PutMode.CREATE)
+        assert tier.get("c/k") == b"first"
+        assert list(tier.list("c/")) == ["c/k"]
+
+    def test_overwrite_replaces(self, tier: Tier) -> None:
+        tier.put("o", b"a much longer first version")
+        tier.put("o", b"short", mode=PutMode.OVERWRITE)
+        assert tier.get("o") == b"short"
+        assert tier.head("o").size == 5
+
+    def test_concurrent_create_has_one_winner(self, tier: Tier) -> None:
+        if not tier.capabilities.conditional_put:
+            pytest.skip("CREATE is not atomic on this tier")
+        barrier = threading.Barrier(8)
+
+        def attempt(i: int) -> bool:
+            barrier.wait()
+            try:
+                tier.put("race", f"writer-{i}".encode(), mode=PutMode.CREATE)
+            except ObjectExistsError:
+                return False
+            return True
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(attempt, range(8)))
+        assert results.count(True) == 1
+        assert tier.get("race") == f"writer-{results.index(True)}".encode()
+
+    def test_head_and_exists(self, tier: Tier) -> None:
+        tier.put("h/x", b"12345")
+        info = tier.head("h/x")
+        assert (info.key, info.size) == ("h/x", 5)
+        assert tier.exists("h/x")
+        assert not tier.exists("h")  # a "directory" is not an object
+        with pytest.raises(ObjectNotFoundError):
+            tier.head("h")
+
+    # --- list / list_dirs ------------------------------------------------------
+
+    def test_list_sorted_with_prefix_semantics(self, tier: Tier) -> None:
+        keys = ["b", "a0", "a/y/z", "ab/x", "a-b", "a/x", "a/yy", "c/d/e/f"]
+        for key in random.Random(3).sample(keys, len(keys)):
+            tier.put(key, key.encode())
+        assert list(tier.list()) == sorted(keys)
+        assert list(tier.list("a/")) == ["a/x", "a/y/z", "a/yy"]
+        assert list(tier.list("a")) == sorted(k for k in keys if k.startswith("a"))
+        assert list(tier.list("a/y")) == ["a/y/z", "a/yy"]
+        assert list(tier.list("a/y/")) == ["a/y/z"]
+        assert list(tier.list("c/d/")) == ["c/d/e/f"]
+        assert list(tier.list("zzz/")) == []
+        assert list(tier.list("a0")) == ["a0"]
+
+    def test_list_dirs(self, tier: Tier) -> None:
+        for key in ["r/s1/x", "r/s2/deep/y", "r/file", "top"]:
+            tier.put(key, b"v")
+        assert tier.list_dirs() == ["r"]
+        assert tier.list_dirs("r/") == ["s1", "s2"]
+        assert tier.list_dirs("r/s2/") == ["deep"]
+        assert tier.list_dirs("r/s1/") == []
+        assert tier.list_dirs("missing/") == []
+        with pytest.raises(InvalidKeyError):
+            tier.list_dirs("r")  # must be empty or end with "/"
+
+    # --- delete ----------------------------------------------------------------
+
+    def test_delete(self, tier: Tier) -> None:
+        tier.put("d/a/1", b"x")
+        tier.put("d/a/2", b"y")
+        assert tier.delete("d/a/1") is True
+        assert tier.delete("d/a/1") is False
+        assert not tier.exists("d/a/1")
+        with pytest.raises(ObjectNotFoundError):
+            tier.get("d/a/1")
+        assert tier.delete("d/a") is False  # not an object
+        assert list(tier.list()) == ["d/a/2"]
+        assert tier.delete_prefix("d/") == 1
+        assert list(tier.list()) == []
+        assert tier.list_dirs() == []
+
+    # --- rename_prefix ---------------------------------------------------------
+
+    def test_rename_prefix_moves_everything(self, tier: Tier) -> None:
+        tier.put("tmp/step1/a", b"A")
+        tier.put("tmp/step1/b/c", b"C")
+        tier.put("tmp/step10/z", b"Z")  # shares a string prefix but is not under tmp/step1/
+        if not tier.capabilities.atomic_rename:
+            with pytest.raises(UnsupportedOperationError):
+                tier.rename_prefix("tmp/step1", "done/step1")
+            return
+        tier.rename_prefix("tmp/step1", "done/step1")
+        assert list(tier.list("done/")) == ["done/step1/a", "done/step1/b/c"]
+        assert list(tier.list("tmp/")) == ["tmp/step10/z"]
+        assert tier.get("done/step1/b/c") == b"C"
+
+    def test_rename_prefix_refusals(self, tier: Tier) -> None:
+        if not tier.capabilities.atomic_rename:
+            pytest.skip("covered by test_rename_prefix_moves_everything")
+        tier.put("s/a", b"1")
+        tier.put("t/x", b"2")
+        with pytest.raises(ObjectExistsError):
+            tier.rename_prefix("s", "t")
+        assert list(tier.list()) == ["s/a", "t/x"]
+        with pytest.raises(ObjectNotFoundError):
+            tier.rename_prefix("nothing", "elsewhere")
+        for src, dst in [("s", "s/inner"), ("s", "s"), ("s/a", "s")]:
+            with pytest.raises(TierError):
+                tier.rename_prefix(src, dst)
+        with pytest.raises(InvalidKeyError):
+            tier.rename_prefix("s", "../escape")
+        assert list(tier.list()) == ["s/a", "t/x"]
+
+    # --- invalid keys ----------------------------------------------------------
+
+    @pytest.mark.parametrize("key", INVALID_KEYS)
+    def test_invalid_keys_rejected_without_side_effects(self, tier: Tier, key: str) -> None:
+        tier.put("canary", b"c")
+        with pytest.raises(InvalidKeyError):
+            tier.put(key, b"data")
+        with pytest.raises(InvalidKeyError):
+            tier.put(key, b"data", mode=PutMode.CREATE)
+        with pytest.raises(InvalidKeyError):
+            tier.get(key)
+        with pytest.raises(InvalidKeyError):
+            tier.read_into(key, 0, memoryview(bytearray(1)))
+        with pytest.raises(InvalidKeyError):
+            tier.head(key)
+        with pytest.raises(InvalidKeyError):
+            tier.exists(key)
+        with pytest.raises(InvalidKeyError):
+            tier.delete(key)
+        assert list(tier.list()) == ["canary"]
+
+    @pytest.mark.parametrize("prefix", INVALID_PREFIXES)
+    def test_invalid_prefixes_rejected(self, tier: Tier, prefix: str) -> None:
+        with pytest.raises(InvalidKeyError):
+            list(tier.list(prefix))
+        with pytest.raises(InvalidKeyError):
+            tier.list_dirs(prefix)
+        with pytest.raises(InvalidKeyError):
+            tier.location(prefix)
+
+    def test_collect_incomplete_never_touches_objects(self, tier: Tier) -> None:
+        tier.put("g/a", b"a")
+        tier.put("g/b/c", b"c")
+        assert tier.collect_incomplete("", 0.0) == 0
+        assert tier.collect_incomplete("g/", 0.0) == 0
+        assert list(tier.list()) == ["g/a", "g/b/c"]
+
+    # --- concurrency, instances, location --------------------------------------
+
+    def test_concurrent_distinct_puts_all_land(self, tier: Tier) -> None:
+        keys = [f"conc/d{i % 4}/k{i:03d}" for i in range(64)]
+
+        def write(key: str) -> None:
+            tier.put(key, key.encode() * 100)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(write, keys))
+        assert list(tier.list("conc/")) == sorted(keys)
+        assert all(tier.get(k) == k.encode() * 100 for k in keys)
+
+    def test_new_instance_sees_objects_iff_persistent(
+        self, tier: Tier, make_tier: Callable[[], Tier]
+    ) -> None:
+        tier.put("p/q", b"persist me")
+        again = make_tier()
+        if tier.capabilities.persistent:
+            assert again.get("p/q") == b"persist me"
+            assert list(again.list()) == ["p/q"]
+        else:
+            assert list(again.list()) == []
+
+    def test_location_and_capabilities(self, tier: Tier) -> None:
+        assert isinstance(tier.location(), str)
+        assert isinstance(tier.location("a/b/"), str)
+        assert tier.location("a/b") != tier.location("a/c")
+        caps = tier.capabilities
+        assert not (caps.durable and not caps.persistent)  # durable implies persistent
+        assert tier.name in repr(tier)
