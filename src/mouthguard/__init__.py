@@ -11,9 +11,9 @@ The public API::
 
 __version__ = "0.1.0"
 
-from mouthguard.checkpoint import (  # noqa: E402 - __version__ first: the writer records it
-    CheckpointInfo,
+from mouthguard.checkpoint import (
     Checkpointer,
+    CheckpointInfo,
     CopyInfo,
     LoadedCheckpoint,
     Store,
@@ -22,8 +22,8 @@ from mouthguard.checkpoint import (  # noqa: E402 - __version__ first: the write
     open_store,
     restore_rng_state,
 )
-from mouthguard.errors import CheckpointFallbackWarning, MouthguardError  # noqa: E402
-from mouthguard.policy.importance import Importance  # noqa: E402
+from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
+from mouthguard.policy.importance import Importance
 
 __all__ = [
     "CheckpointFallbackWarning",

@@ -45,7 +45,7 @@ class CopyTarget:
 
 def find_copies(store: Store, run: str | None = None, step: int | None = None) -> list[CopyTarget]:
     """Committed copies on every tier, optionally restricted to one run and step."""
-    targets = []
+    targets: list[CopyTarget] = []
     for tier in store.tiers:
         runs = [run] if run is not None else catalog.list_runs(tier)
         for name in runs:

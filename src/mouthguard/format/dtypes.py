@@ -61,6 +61,34 @@ def itemsize(code: str) -> int:
         raise FormatError(f"unknown tensor dtype code {code!r}") from None
 
 
+#: Most dimensions a stored tensor may have.
+MAX_DIMS = 64
+#: Largest single dimension accepted from stored metadata (2**50: a PiB of bytes).
+MAX_DIM = 1 << 50
+#: Bound on the product of dims (zeros counted as 1): torch computes strides in
+#: int64, so an *empty* tensor with a huge other dimension must be refused too.
+MAX_DIM_PRODUCT = 1 << 62
+
+
+def validate_shape(shape: object, where: str) -> tuple[int, ...]:
+    """Return ``shape`` as a tuple if torch can build it safely, else raise FormatError.
+
+    Hostile metadata can describe an empty tensor (one dim 0) whose other dims are
+    beyond int64; its byte length is 0, so a length check alone lets it through to
+    ``torch.empty``, which then fails with an overflow instead of a clear error.
+    """
+    if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
+        raise FormatError(f"{where}: malformed shape {shape!r}")
+    product = 1
+    for dim in shape:
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim <= MAX_DIM:
+            raise FormatError(f"{where}: malformed shape {shape!r}")
+        product *= max(dim, 1)
+        if product > MAX_DIM_PRODUCT:
+            raise FormatError(f"{where}: shape {shape!r} is too large")
+    return tuple(int(d) for d in shape)
+
+
 def is_supported(dtype: torch.dtype) -> bool:
     """Whether tensors of ``dtype`` can be stored."""
     return dtype in _BY_DTYPE

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from mouthguard.errors import FormatError, InvalidKeyError, ManifestError
 from mouthguard.format import typed_json
 from mouthguard.format.checksum import SHA256, XXH3_128, validate_digest, xxh3_digest
-from mouthguard.format.dtypes import itemsize
-from mouthguard.format.rank_file import HEADER_ALIGN, MAX_DIMS
+from mouthguard.format.dtypes import itemsize, validate_shape
+from mouthguard.format.rank_file import HEADER_ALIGN
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.tiers.keys import validate_segment
@@ -284,6 +284,9 @@ def _files(raw: JsonValue, world_size: int) -> tuple[FileRecord, ...]:
                 sha256=None if sha is None else validate_digest(sha, SHA256, f"file {name!r}"),
             )
         )
+    ranks = sorted(r.rank for r in records)
+    if ranks != list(range(world_size)):
+        raise ManifestError(f"files must hold exactly one file per rank 0..{world_size - 1}")
     return tuple(records)
 
 
@@ -301,18 +304,11 @@ def _tensors(raw: JsonValue, files: dict[str, FileRecord]) -> tuple[TensorRecord
         if (file_name, name) in seen:
             raise ManifestError(f"duplicate tensor {name!r} in {file_name!r}")
         seen.add((file_name, name))
-        shape = item.get("shape")
-        if (
-            not isinstance(shape, list)
-            or len(shape) > MAX_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-        ):
-            raise ManifestError(f"tensor {name!r}: malformed shape {shape!r}")
         record = TensorRecord(
             name=name,
             file=file_name,
             dtype=dtype,
-            shape=tuple(int(d) for d in shape if isinstance(d, int)),
+            shape=validate_shape(item.get("shape"), f"tensor {name!r}"),
             offset=_nat(item, "offset", MAX_FILE_SIZE),
             length=_nat(item, "length", MAX_FILE_SIZE),
         )

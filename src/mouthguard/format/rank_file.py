@@ -25,12 +25,11 @@ from typing import Any
 import torch
 
 from mouthguard.errors import FormatError, RankFileError
-from mouthguard.format.dtypes import itemsize
+from mouthguard.format.dtypes import itemsize, validate_shape
 
 HEADER_ALIGN = 4096
 #: Upper bound on a header we agree to parse; safetensors itself caps it at 100 MB.
 MAX_HEADER_BYTES = 100_000_000
-MAX_DIMS = 64
 _METADATA_KEY = "__metadata__"
 
 
@@ -147,8 +146,12 @@ def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], 
     if len(head) < data_offset:
         raise RankFileError("rank file header is truncated")
     try:
-        raw = json.loads(head[8:data_offset].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # Strict like safetensors' own parser: no NaN/Infinity tokens, no lone
+        # surrogates, so a file we accept is one every safetensors reader accepts.
+        text = head[8:data_offset].decode("utf-8")
+        raw = json.loads(text, parse_constant=_reject_constant)
+        _reject_surrogates(raw)
+    except (UnicodeError, ValueError, RecursionError) as exc:
         raise RankFileError(f"rank file header is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise RankFileError("rank file header is not a JSON object")
@@ -177,12 +180,10 @@ def _parse_entry(name: object, info: object, data_offset: int) -> TensorEntry:
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(dtype, str):
         raise RankFileError(f"tensor {name!r}: dtype must be a string")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_DIMS
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-    ):
-        raise RankFileError(f"tensor {name!r}: malformed shape {shape!r}")
+    try:
+        shape = list(validate_shape(shape, f"tensor {name!r}"))
+    except FormatError as exc:
+        raise RankFileError(str(exc)) from None
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
@@ -197,6 +198,24 @@ def _parse_entry(name: object, info: object, data_offset: int) -> TensorEntry:
     if offsets[1] - offsets[0] != length:
         raise RankFileError(f"tensor {name!r}: data_offsets span does not match dtype and shape")
     return TensorEntry(name, dtype, tuple(shape), data_offset + offsets[0], length)
+
+
+def _reject_constant(token: str) -> object:
+    raise ValueError(f"non-standard JSON token {token}")
+
+
+def _reject_surrogates(value: object) -> None:
+    """Raise UnicodeError if any string (key or value) holds a lone surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            item.encode("utf-8")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:

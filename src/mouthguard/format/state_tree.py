@@ -25,7 +25,7 @@ import torch
 
 from mouthguard.errors import FormatError, UnsupportedStateError
 from mouthguard.format import typed_json
-from mouthguard.format.dtypes import dtype_code, is_supported, itemsize, torch_dtype
+from mouthguard.format.dtypes import dtype_code, is_supported, itemsize, torch_dtype, validate_shape
 from mouthguard.format.typed_json import JsonValue
 
 STORAGE_PREFIX = "__storage__."
@@ -263,8 +263,9 @@ def _rebuild_view(spec: dict[str, JsonValue], path: str, lookup: TensorLookup) -
     blob = lookup(storage, path)
     size = itemsize(code)
     assert isinstance(offset, int)
-    dims = [int(d) for d in shape if isinstance(d, int)]
-    steps = [int(s) for s in stride if isinstance(s, int)]
+    dims = list(validate_shape(shape, path))
+    steps = list(validate_shape(stride, path))
+
     span = (
         0
         if math.prod(dims) == 0
@@ -275,7 +276,10 @@ def _rebuild_view(spec: dict[str, JsonValue], path: str, lookup: TensorLookup) -
     if blob.storage_offset() % size:
         raise FormatError(f"{path}: shared storage {storage!r} is misaligned for {code}")
     view = torch.empty(0, dtype=torch_dtype(code), device=blob.device)
-    view.set_(blob.untyped_storage(), blob.storage_offset() // size + offset, dims, steps)
+    try:
+        view.set_(blob.untyped_storage(), blob.storage_offset() // size + offset, dims, steps)
+    except (RuntimeError, TypeError, OverflowError) as exc:
+        raise FormatError(f"{path}: invalid view reference: {exc}") from None
     return view
 
 

@@ -1,0 +1,131 @@
+"""A tier decorator that paces writes to a fixed bandwidth.
+
+:class:`ThrottledTier` wraps any tier and delegates every operation to it
+unchanged, except that the bytes of ``put`` are fed to the inner tier in pieces
+of at most 1 MiB, sleeping after each piece until the stream is no faster than
+``write_bytes_per_second``. Reads, listings, deletes and renames are not slowed.
+
+Uses: simulating a slow network filesystem or object store in tests and
+benchmarks, and making a save last long enough to be interrupted at a known
+moment (the ``mouthguard demo`` kills a worker in the middle of a throttled save).
+
+Because the inner tier does the actual writing, every guarantee it gives
+(all-or-nothing ``put``, durability, atomic create) holds for the wrapper too.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import time
+from collections.abc import Iterator
+
+from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, TierCapabilities, iter_buffers
+
+#: Largest piece handed to the inner tier at once; keeps the pacing smooth, so a
+#: file on disk grows steadily instead of in a few big jumps.
+MAX_PIECE_BYTES = 1024 * 1024
+
+
+class ThrottledTier(Tier):
+    """Wraps ``inner`` and paces its ``put`` streams to ``write_bytes_per_second``.
+
+    The wrapper has the inner tier's name, domain, capabilities and locations, so
+    a store or checkpointer cannot tell it apart from the inner tier except by
+    speed. After ``put`` has handed ``n`` bytes to the inner tier, at least
+    ``n / write_bytes_per_second`` seconds have passed since the put started
+    (the inner tier's own time counts towards the budget, so a slow disk is not
+    slowed down twice).
+
+    Args:
+        inner: the tier that stores the bytes.
+        write_bytes_per_second: the write bandwidth to simulate; finite and > 0.
+
+    Raises:
+        ValueError: ``write_bytes_per_second`` is not a finite positive number.
+    """
+
+    def __init__(self, inner: Tier, write_bytes_per_second: float) -> None:
+        rate = float(write_bytes_per_second)
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(
+                "write_bytes_per_second must be a finite positive number, "
+                f"got {write_bytes_per_second!r}"
+            )
+        super().__init__(inner.name, inner.domain)
+        self.inner = inner
+        self.write_bytes_per_second = rate
+
+    @property
+    def capabilities(self) -> TierCapabilities:
+        """The inner tier's capabilities: pacing changes speed, not guarantees."""
+        return self.inner.capabilities
+
+    def location(self, prefix: str = "") -> str:
+        """The inner tier's location of ``prefix``."""
+        return self.inner.location(prefix)
+
+    def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
+        """Store ``data`` through the inner tier, no faster than the configured rate.
+
+        Errors (including those raised by ``data`` itself) are the inner tier's:
+        an interrupted paced stream is as all-or-nothing as any other put.
+        """
+        return self.inner.put(key, self._paced(data), mode=mode)
+
+    def _paced(self, data: PutData) -> Iterator[memoryview]:
+        started = time.monotonic()
+        sent = 0
+        for chunk in iter_buffers(data):
+            for start in range(0, chunk.nbytes, MAX_PIECE_BYTES):
+                piece = chunk[start : start + MAX_PIECE_BYTES]
+                yield piece
+                # Sleep *after* the inner tier took the piece: n bytes then cost
+                # n / rate seconds in total, including the final piece. Each sleep
+                # is bounded by MAX_PIECE_BYTES / rate.
+                sent += piece.nbytes
+                delay = started + sent / self.write_bytes_per_second - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Delegate to the inner tier (reads are not paced)."""
+        return self.inner.get(key, start, end)
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        """Delegate to the inner tier, keeping its zero-copy path."""
+        self.inner.read_into(key, offset, out)
+
+    def head(self, key: str) -> ObjectInfo:
+        """Delegate to the inner tier."""
+        return self.inner.head(key)
+
+    def exists(self, key: str) -> bool:
+        """Delegate to the inner tier."""
+        return self.inner.exists(key)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Delegate to the inner tier."""
+        return self.inner.list(prefix)
+
+    # ``builtins.list``: in the class body ``list`` names the method above.
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """Delegate to the inner tier."""
+        return self.inner.list_dirs(prefix)
+
+    def delete(self, key: str) -> bool:
+        """Delegate to the inner tier."""
+        return self.inner.delete(key)
+
+    def rename_prefix(self, src: str, dst: str) -> None:
+        """Delegate to the inner tier (which refuses if it cannot rename atomically)."""
+        self.inner.rename_prefix(src, dst)
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delegate to the inner tier, which may have a faster bulk delete."""
+        return self.inner.delete_prefix(prefix)
+
+    def __repr__(self) -> str:
+        return (
+            f"ThrottledTier({self.inner!r}, write_bytes_per_second={self.write_bytes_per_second:g})"
+        )
