@@ -32,24 +32,37 @@ def _run_until_killed(store: Path, start: int, rng: random.Random) -> tuple[set[
     )
     acked: set[int] = set()
     in_flight: int | None = None
+
+    def record(line: str) -> None:
+        nonlocal in_flight
+        words = line.split()
+        if len(words) != 2 or not words[1].isdigit():
+            return  # a line cut short by the kill acknowledges nothing
+        kind, step = words
+        if kind == "acked":
+            acked.add(int(step))
+            in_flight = None
+        else:
+            in_flight = int(step)
+
     target_saves = rng.randint(1, 3)
     deadline = time.monotonic() + 60
+    assert child.stdout is not None
     try:
-        assert child.stdout is not None
         for line in child.stdout:
-            kind, step = line.split()
-            if kind == "acked":
-                acked.add(int(step))
-                in_flight = None
-            else:
-                in_flight = int(step)
-                if len(acked) >= target_saves:
-                    time.sleep(rng.uniform(0.0, 0.02))
-                    break
+            record(line)
+            if in_flight is not None and len(acked) >= target_saves:
+                time.sleep(rng.uniform(0.0, 0.02))
+                break
             assert time.monotonic() < deadline, "child never reached the kill point"
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
+    # The child may have run ahead of our reading: every line it printed before it
+    # died counts (an "acked" line is a real acknowledgement, whenever we read it).
+    for line in child.stdout.read().splitlines():
+        record(line)
+    child.stdout.close()
     return acked, in_flight
 
 

@@ -608,7 +608,12 @@ def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return found
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=400,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(data=st.data())
 def test_random_sealed_mutations_only_raise_manifest_error(
     saved_raw: bytes, data: st.DataObject
@@ -625,9 +630,10 @@ def test_random_sealed_mutations_only_raise_manifest_error(
         if action == "delete":
             del parent[path[-1]]
         elif action == "insert" and isinstance(parent, list):
-            parent.insert(path[-1], data.draw(_json, label="value"))
+            parent.insert(path[-1], copy.deepcopy(data.draw(_json, label="value")))
         else:
-            parent[path[-1]] = data.draw(_json, label="value")
+            # Deep copies: later edits must never mutate an object hypothesis handed out.
+            parent[path[-1]] = copy.deepcopy(data.draw(_json, label="value"))
     raw = seal(mutated)
     try:
         parsed = parse_manifest(raw)
