@@ -20,6 +20,7 @@ from rich.table import Table
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import DEFAULT_GRACE_SECONDS, Checkpointer
+from mouthguard.checkpoint.info import CheckpointInfo
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.verification import CopyReport, CopyTarget, find_copies, verify_all
 from mouthguard.cli.render import human_bytes, human_time
@@ -100,20 +101,32 @@ def _runs(store: Store, run: str | None) -> list[str]:
 
 
 def _ls(store: Store, args: argparse.Namespace, console: Console) -> int:
-    infos = [info for run in _runs(store, args.run) for info in Checkpointer(store, run).list()]
-    if args.run is not None and not infos:
+    runs = _runs(store, args.run)
+    listed = {run: Checkpointer(store, run).list() for run in runs}
+    if args.run is not None and not listed[args.run]:
         raise UsageError(f"no checkpoints for run {args.run!r} in {store.source}")
     if args.json:
-        for info in infos:
-            print(json.dumps(info.to_json()))
+        for infos in listed.values():
+            for info in infos:
+                print(json.dumps(info.to_json()))
         return EXIT_OK
-    table = Table(title=f"checkpoints in {store.source}", title_justify="left")
-    for column in ("run", "step", "importance", "size", "files", "created", "copies"):
-        table.add_column(column, justify="right" if column in ("step", "size", "files") else "left")
+    if not any(listed.values()):
+        console.print(f"no checkpoints in {store.source}")
+        return EXIT_OK
+    for run, infos in listed.items():
+        if infos:
+            console.print(_run_table(run, infos))
+    return EXIT_OK
+
+
+def _run_table(run: str, infos: list[CheckpointInfo]) -> Table:
+    table = Table(title=f"run {run}", title_justify="left")
+    for column in ("step", "importance", "size", "files", "created", "copies"):
+        right = column in ("step", "size", "files")
+        table.add_column(column, justify="right" if right else "left", no_wrap=column != "copies")
     for info in infos:
         copies = ", ".join(f"{c.tier}{' ✓' if c.verified else ''}" for c in info.copies)
         table.add_row(
-            info.run,
             str(info.step),
             info.importance.value,
             human_bytes(info.nbytes),
@@ -121,8 +134,7 @@ def _ls(store: Store, args: argparse.Namespace, console: Console) -> int:
             human_time(info.created),
             copies,
         )
-    console.print(table if infos else f"no checkpoints in {store.source}")
-    return EXIT_OK
+    return table
 
 
 def _show(store: Store, args: argparse.Namespace, console: Console) -> int:

@@ -1,0 +1,108 @@
+"""ThrottledTier: a transparent decorator (conformance suite) that really paces writes."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, iter_buffers
+from mouthguard.tiers.local import LocalTier
+from mouthguard.tiers.memory import MemoryTier
+from mouthguard.tiers.throttle import MAX_PIECE_BYTES, ThrottledTier
+
+from .conformance import MiB, TierConformance, payload
+
+# Fast enough that the conformance suite (5 MiB at most per put) is not slowed down.
+FAST = 1e10
+
+
+class TestThrottledMemoryTier(TierConformance):
+    @pytest.fixture
+    def make_tier(self) -> Callable[[], Tier]:
+        return lambda: ThrottledTier(MemoryTier(), FAST)
+
+
+class TestThrottledLocalTier(TierConformance):
+    @pytest.fixture
+    def make_tier(self, tmp_path: Path) -> Callable[[], Tier]:
+        return lambda: ThrottledTier(LocalTier(tmp_path / "root"), FAST)
+
+
+class RecordingTier(MemoryTier):
+    """Remembers the size of every piece a put received."""
+
+    def __init__(self) -> None:
+        super().__init__(name="rec", domain="rack-7")
+        self.pieces: list[int] = []
+
+    def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
+        chunks = [bytes(c) for c in iter_buffers(data)]
+        self.pieces.extend(len(c) for c in chunks)
+        return super().put(key, chunks, mode=mode)
+
+
+def test_paces_writes() -> None:
+    tier = ThrottledTier(MemoryTier(), 10e6)
+    started = time.monotonic()
+    tier.put("blob", payload(2_000_000))
+    elapsed = time.monotonic() - started
+    # 2 MB at 10 MB/s is 0.2 s; only a generous lower bound (machines can be slow).
+    assert elapsed >= 0.15
+
+
+def test_paced_stream_of_many_chunks() -> None:
+    data = payload(3 * MiB + 5, seed=3)
+    tier = ThrottledTier(MemoryTier(), 30 * MiB)
+    started = time.monotonic()
+    tier.put("blob", (data[i : i + 100_000] for i in range(0, len(data), 100_000)))
+    assert time.monotonic() - started >= 0.08  # 0.1 s nominal
+    assert tier.get("blob") == data
+
+
+def test_splits_large_chunks_into_pieces() -> None:
+    inner = RecordingTier()
+    data = payload(3 * MiB + 17, seed=1)
+    ThrottledTier(inner, FAST).put("big", data)
+    assert max(inner.pieces) <= MAX_PIECE_BYTES
+    assert len(inner.pieces) == 4
+    assert sum(inner.pieces) == len(data)
+    assert inner.get("big") == data
+
+
+def test_presents_the_inner_tier() -> None:
+    inner = RecordingTier()
+    tier = ThrottledTier(inner, 1e6)
+    assert (tier.name, tier.domain) == ("rec", "rack-7")
+    assert tier.capabilities == inner.capabilities
+    assert tier.location("a/b/") == inner.location("a/b/")
+    assert tier.inner is inner
+    assert "ThrottledTier" in repr(tier)
+    assert "rec" in repr(tier)
+
+
+def test_delegates_reads_and_metadata_unpaced() -> None:
+    inner = MemoryTier()
+    inner.put("run/x", payload(4 * MiB))
+    tier = ThrottledTier(inner, 1.0)  # 1 B/s: any paced read would never finish
+    assert tier.get("run/x", 0, 4) == inner.get("run/x", 0, 4)
+    out = bytearray(8)
+    tier.read_into("run/x", 10, memoryview(out))
+    assert bytes(out) == inner.get("run/x", 10, 18)
+    assert tier.head("run/x").size == 4 * MiB
+    assert tier.exists("run/x")
+    assert list(tier.list("run/")) == ["run/x"]
+    assert tier.list_dirs("") == ["run"]
+    tier.rename_prefix("run", "moved")
+    assert inner.exists("moved/x")
+    assert tier.delete_prefix("moved/") == 1
+    assert not tier.delete("moved/x")
+
+
+@pytest.mark.parametrize("rate", [0, -1.0, math.inf, math.nan])
+def test_rejects_bad_rates(rate: float) -> None:
+    with pytest.raises(ValueError, match="write_bytes_per_second"):
+        ThrottledTier(MemoryTier(), rate)
