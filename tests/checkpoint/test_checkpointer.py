@@ -171,7 +171,10 @@ def test_flipped_rank_file_byte_falls_back(
     assert torch.equal(loaded.state["w"], torch.arange(20000, dtype=torch.float32))  # type: ignore[index]
     assert loaded.rejected[0].step == 2
     assert "rank-00000.safetensors" in str(record[0].message)
-    with pytest.raises(CorruptCheckpointError):
+    with (
+        pytest.warns(mouthguard.CheckpointFallbackWarning, match="another copy$"),
+        pytest.raises(CorruptCheckpointError),
+    ):
         ckpt.load(2)
 
 
