@@ -45,10 +45,10 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
-from mouthguard.tiers.keys import MAX_KEY_LENGTH, validate_key, validate_prefix, validate_segment
+from mouthguard.tiers.keys import MAX_KEY_LENGTH, validate_key, validate_prefix
 from mouthguard.tiers.memory import check_range, rename_keys, validate_dir_prefix
+from mouthguard.tiers.posix import TMP_PREFIX, DebrisSweep, describe_oserror, is_segment
 
-TMP_PREFIX = ".tmp-"
 # O_NONBLOCK: opening a FIFO planted in the root must not hang a reader; it has
 # no effect on regular files.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -59,17 +59,6 @@ _MAX_IO = 1 << 30
 # A concurrent delete() may prune a parent directory that put() just created.
 _PUT_ATTEMPTS = 3
 _MISSING = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENXIO)
-
-
-def describe_oserror(exc: OSError) -> str:
-    """Return a clear, lower-case description of ``exc`` (ENOSPC is spelled out)."""
-    if exc.errno == errno.ENOSPC:
-        return "no space left on device (ENOSPC)"
-    if exc.errno == errno.EDQUOT:
-        return "disk quota exceeded, no space left for this user (EDQUOT)"
-    if exc.errno:
-        return f"{os.strerror(exc.errno).lower()} ({errno.errorcode.get(exc.errno, exc.errno)})"
-    return str(exc)
 
 
 class LocalTier(Tier):
@@ -407,7 +396,7 @@ class LocalTier(Tier):
                 return [
                     (e.name, e.is_dir(follow_symlinks=False))
                     for e in scan
-                    if _is_segment(e.name)
+                    if is_segment(e.name)
                     and (e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False))
                 ]
         except (FileNotFoundError, NotADirectoryError):
@@ -508,59 +497,11 @@ class LocalTier(Tier):
             How many temporary files were removed.
         """
         validate_prefix(prefix)
-        cutoff = time.time() - older_than_seconds
-        return self._collect(prefix[: prefix.rfind("/") + 1], prefix, cutoff)
-
-    def _collect(self, dir_key: str, prefix: str, cutoff: float) -> int:
-        directory = self.root / dir_key
-        if os.path.realpath(directory) != str(directory):
-            return 0
-        try:
-            with os.scandir(directory) as scan:
-                entries = builtins.list(scan)
-        except (FileNotFoundError, NotADirectoryError):
-            return 0
-        except OSError as exc:
-            raise self._error("list", dir_key or "/", exc) from exc
-        removed = 0
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False) and _is_segment(entry.name):
-                sub = f"{dir_key}{entry.name}/"
-                if sub.startswith(prefix) or prefix.startswith(sub):
-                    removed += self._collect(sub, prefix, cutoff)
-            elif (
-                entry.name.startswith(TMP_PREFIX)
-                and dir_key.startswith(prefix)
-                and entry.is_file(follow_symlinks=False)
-            ):
-                try:
-                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                        Path(entry.path).unlink()
-                        removed += 1
-                except FileNotFoundError:
-                    continue  # its writer finished (or another sweeper was faster)
-                except OSError as exc:
-                    raise self._error("remove a temporary file under", dir_key, exc) from exc
-        if removed:
-            self._prune(directory)
-        elif dir_key.startswith(prefix) and dir_key and _is_stale_empty(directory, cutoff):
-            # A writer killed between creating a directory and its temp file leaves
-            # an empty directory; young ones may belong to a writer still in flight.
-            self._prune(directory)
-            removed += 1
-        return removed
-
-
-def _is_stale_empty(directory: Path, cutoff: float) -> bool:
-    try:
-        return directory.stat().st_mtime < cutoff and not any(directory.iterdir())
-    except OSError:
-        return False
-
-
-def _is_segment(name: str) -> bool:
-    try:
-        validate_segment(name)
-    except InvalidKeyError:
-        return False
-    return True
+        sweep = DebrisSweep(
+            root=self.root,
+            prefix=prefix,
+            cutoff=time.time() - older_than_seconds,
+            on_error=lambda where, exc: self._error("clean up", where, exc),
+            prune=self._prune,
+        )
+        return sweep.run()

@@ -1,0 +1,114 @@
+"""POSIX helpers of the local tier: error wording and the sweep of interrupted writes."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mouthguard.errors import InvalidKeyError, TierError
+from mouthguard.tiers.keys import validate_segment
+
+#: Name prefix of the local tier's temporary files: dot-named, so never an object.
+TMP_PREFIX = ".tmp-"
+
+
+def describe_oserror(exc: OSError) -> str:
+    """Return a clear, lower-case description of ``exc`` (ENOSPC is spelled out)."""
+    if exc.errno == errno.ENOSPC:
+        return "no space left on device (ENOSPC)"
+    if exc.errno == errno.EDQUOT:
+        return "disk quota exceeded, no space left for this user (EDQUOT)"
+    if exc.errno:
+        return f"{os.strerror(exc.errno).lower()} ({errno.errorcode.get(exc.errno, exc.errno)})"
+    return str(exc)
+
+
+@dataclass
+class DebrisSweep:
+    """Removes what writers killed inside ``put`` left under ``prefix``.
+
+    Debris is temporary files (a write in progress) and empty directories (a
+    writer killed between ``mkdir`` and creating its temporary file). Only debris
+    older than ``cutoff`` (a unix time) is removed: younger debris may belong to
+    a writer still in flight in another process. Symbolic links are never
+    followed.
+
+    Attributes:
+        root: the tier's root directory (a realpath).
+        prefix: key prefix to sweep (empty or ending with ``/``, or a plain prefix).
+        cutoff: debris modified at or after this time is kept.
+        on_error: builds the TierError for an unexpected OSError at a key path.
+        prune: removes a directory and its now-empty parents up to the root.
+    """
+
+    root: Path
+    prefix: str
+    cutoff: float
+    on_error: Callable[[str, OSError], TierError]
+    prune: Callable[[Path], None]
+
+    def run(self) -> int:
+        """Sweep and return how many items (files and directories) were removed."""
+        return self._sweep(self.prefix[: self.prefix.rfind("/") + 1])
+
+    def _sweep(self, dir_key: str) -> int:
+        directory = self.root / dir_key
+        if os.path.realpath(directory) != str(directory):
+            return 0
+        try:
+            with os.scandir(directory) as scan:
+                entries = list(scan)
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        except OSError as exc:
+            raise self.on_error(dir_key or "/", exc) from exc
+        removed = 0
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False) and is_segment(entry.name):
+                sub = f"{dir_key}{entry.name}/"
+                if sub.startswith(self.prefix) or self.prefix.startswith(sub):
+                    removed += self._sweep(sub)
+            elif (
+                entry.name.startswith(TMP_PREFIX)
+                and dir_key.startswith(self.prefix)
+                and entry.is_file(follow_symlinks=False)
+            ):
+                removed += self._remove_if_stale(entry, dir_key)
+        if removed:
+            self.prune(directory)
+        elif (
+            dir_key.startswith(self.prefix) and dir_key and _is_stale_empty(directory, self.cutoff)
+        ):
+            self.prune(directory)
+            removed += 1
+        return removed
+
+    def _remove_if_stale(self, entry: os.DirEntry[str], dir_key: str) -> int:
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime >= self.cutoff:
+                return 0
+            Path(entry.path).unlink()
+        except FileNotFoundError:
+            return 0  # its writer finished (or another sweeper was faster)
+        except OSError as exc:
+            raise self.on_error(dir_key, exc) from exc
+        return 1
+
+
+def _is_stale_empty(directory: Path, cutoff: float) -> bool:
+    try:
+        return directory.stat().st_mtime < cutoff and not any(directory.iterdir())
+    except OSError:
+        return False
+
+
+def is_segment(name: str) -> bool:
+    """Whether ``name`` is a valid key segment (dot-names and odd names are not)."""
+    try:
+        validate_segment(name)
+    except InvalidKeyError:
+        return False
+    return True
