@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest clean
+.PHONY: demo test lint typecheck pytest system-deps clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+# S3 tests run against a real Ceph RADOS Gateway on loopback; this installs it
+# from Debian's packages when missing (root, or sudo).
+system-deps:
+	bash scripts/install-system-deps.sh
+
+pytest: $(STAMP) system-deps
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
