@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
+from mouthguard.checkpoint.info import Rejection
 from mouthguard.demo.training import TrainConfig
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "FinalState",
     "KillRecord",
     "Phase",
-    "RejectionRecord",
     "ResumeRecord",
     "SaveRecord",
     "SaveStatus",
@@ -146,22 +146,13 @@ class CorruptionRecord:
 
 
 @dataclass(frozen=True)
-class RejectionRecord:
-    """A checkpoint ``load()`` refused, with the ``CheckpointFallbackWarning`` it emitted."""
-
-    step: int
-    tier: str
-    reason: str
-
-
-@dataclass(frozen=True)
 class ResumeRecord:
     """What the resumed run loaded, how long that took, and what it rejected on the way."""
 
     step: int
     seconds: float
     loss: float | None
-    rejections: tuple[RejectionRecord, ...]
+    rejections: tuple[Rejection, ...]
     warnings: tuple[str, ...]
 
 

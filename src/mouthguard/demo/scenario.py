@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from mouthguard.checkpoint.checkpointer import Checkpointer
+from mouthguard.checkpoint.info import Rejection
 from mouthguard.checkpoint.store import open_store
 from mouthguard.demo import (
     CorruptionRecord,
@@ -42,7 +43,6 @@ from mouthguard.demo import (
     FinalState,
     KillRecord,
     Phase,
-    RejectionRecord,
     ResumeRecord,
     SaveRecord,
     SaveStatus,
@@ -84,9 +84,7 @@ def _resume_record(event: Event) -> ResumeRecord:
         seconds=_field(event, "seconds", float),
         loss=float(loss) if isinstance(loss, int | float) else None,
         rejections=tuple(
-            RejectionRecord(
-                _field(r, "step", int), _field(r, "tier", str), _field(r, "reason", str)
-            )
+            Rejection(_field(r, "step", int), _field(r, "tier", str), _field(r, "reason", str))
             for r in rejected
             if isinstance(r, dict)
         ),
