@@ -391,3 +391,18 @@ class TierConformance:
         caps = tier.capabilities
         assert not (caps.durable and not caps.persistent)  # durable implies persistent
         assert tier.name in repr(tier)
+
+    # --- advisory annotations (the importance hint passed down) -------------
+
+    def test_annotations_are_advisory_and_per_object(self, tier: Tier) -> None:
+        tier.put("hint/a", b"x")
+        tier.put("hint/b", b"y")
+        stored = tier.annotate("hint/a", {"importance": "critical"})
+        if stored:
+            assert tier.annotations("hint/a") == {"importance": "critical"}
+            assert tier.annotate("hint/a", {"importance": "routine"})
+            assert tier.annotations("hint/a") == {"importance": "routine"}
+        else:
+            assert tier.annotations("hint/a") == {}
+        assert tier.annotations("hint/b") == {}
+        assert tier.get("hint/a") == b"x"  # annotating never changes the bytes

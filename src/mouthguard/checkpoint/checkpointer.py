@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import datetime as dt
 import logging
 import os
 import time
@@ -12,7 +13,13 @@ from collections.abc import Mapping
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
 from mouthguard.checkpoint.reader import load_copy, read_manifest, verify_copy
-from mouthguard.checkpoint.receipts import read_receipt
+from mouthguard.checkpoint.sidecars import (
+    CopyRef,
+    place_hold,
+    read_sidecars,
+    release_hold,
+    write_importance,
+)
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.writer import (
     commit,
@@ -32,12 +39,14 @@ from mouthguard.errors import (
     StateMismatchError,
 )
 from mouthguard.format import typed_json
-from mouthguard.format.manifest import Manifest
+from mouthguard.format.manifest import MANIFEST_NAME, Manifest
 from mouthguard.format.state_tree import flatten_state
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.tiers.base import Tier
 
 log = logging.getLogger(__name__)
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 #: Partial saves younger than this are assumed to be still in flight.
 DEFAULT_GRACE_SECONDS = 3600.0
@@ -147,6 +156,7 @@ class Checkpointer:
             manifest.nbytes,
             elapsed,
         )
+        self._hint(CopyRef(tier, self.run, step), level)
         copy = CopyInfo(tier=tier.name, location=tier.location(final))
         return CheckpointInfo.from_manifest(manifest, (copy,), save_seconds=elapsed)
 
@@ -196,9 +206,15 @@ class Checkpointer:
         return infos
 
     def info(self, step: int, *, missing_ok: bool = False) -> CheckpointInfo | None:
-        """Info of ``step`` from the first readable manifest, with every tier's copy."""
+        """Info of ``step``: its manifest merged with every copy's sidecar facts.
+
+        The effective importance is the newest recorded change on any copy (else
+        the saved one); the holds are the union over copies.
+        """
         manifest: Manifest | None = None
         copies = []
+        changes: builtins.list[tuple[dt.datetime, Importance]] = []
+        holds: set[str] = set()
         for tier in self.store.tiers:
             if not tier.exists(catalog.manifest_key(self.run, step)):
                 continue
@@ -208,20 +224,76 @@ class Checkpointer:
                 log.warning("%s step %d on tier %s: %s", self.run, step, tier.name, exc)
                 continue
             manifest = manifest or found
-            verified_at = read_receipt(tier, self.run, step)
+            facts = read_sidecars(CopyRef(tier, self.run, step))
+            if facts.importance is not None:
+                changes.append((facts.importance_changed_at or _EPOCH, facts.importance))
+            holds.update(h.name for h in facts.holds)
             copies.append(
                 CopyInfo(
                     tier=tier.name,
                     location=tier.location(catalog.checkpoint_prefix(self.run, step)),
-                    verified=verified_at is not None,
-                    verified_at=verified_at,
+                    verified=facts.verified_at is not None,
+                    verified_at=facts.verified_at,
+                    trashed_at=facts.trashed_at,
                 )
             )
         if manifest is None:
             if missing_ok:
                 return None
             raise CheckpointNotFoundError(f"no readable checkpoint {self.run} step {step}")
-        return CheckpointInfo.from_manifest(manifest, tuple(copies))
+        importance = max(changes, key=lambda c: c[0])[1] if changes else None
+        return CheckpointInfo.from_manifest(
+            manifest, tuple(copies), importance=importance, holds=tuple(sorted(holds))
+        )
+
+    # --- mutable facts ---------------------------------------------------------
+
+    def set_importance(
+        self, step: int, importance: str | Importance, *, reason: str = ""
+    ) -> CheckpointInfo:
+        """Promote or demote checkpoint ``step`` (recorded on every copy, hinted down).
+
+        Raises:
+            CheckpointNotFoundError: ``step`` is not committed.
+        """
+        level = parse_importance(importance)
+        now = utc_now()
+        for ref in self._copy_refs(step):
+            write_importance(ref, level, reason or f"set to {level.value}", now)
+            self._hint(ref, level)
+        return self._info_of_committed(step)
+
+    def hold(self, step: int, name: str = "hold", *, reason: str = "") -> CheckpointInfo:
+        """Place a named hold: the checkpoint is not deleted from any tier while it stands."""
+        now = utc_now()
+        for ref in self._copy_refs(step):
+            place_hold(ref, name, reason, now)
+        return self._info_of_committed(step)
+
+    def release(self, step: int, name: str = "hold") -> bool:
+        """Release a named hold from every copy; return whether any copy had it."""
+        released = [release_hold(ref, name) for ref in self._copy_refs(step)]
+        return any(released)
+
+    def _info_of_committed(self, step: int) -> CheckpointInfo:
+        info = self.info(step)
+        assert info is not None  # info() raises rather than return None without missing_ok
+        return info
+
+    def _copy_refs(self, step: int) -> builtins.list[CopyRef]:
+        refs = [CopyRef(t, self.run, step) for t in self._tiers_holding(step)]
+        if not refs:
+            raise CheckpointNotFoundError(f"no committed checkpoint {self.run} step {step}")
+        return refs
+
+    def _hint(self, ref: CopyRef, level: Importance) -> None:
+        """Pass the importance down to the storage (xattrs, object tags): advisory only."""
+        try:
+            manifest = read_manifest(ref.tier, ref.run, ref.step)
+            for name in [*(f.name for f in manifest.files), MANIFEST_NAME]:
+                ref.tier.annotate(ref.key(name), {"importance": level.value})
+        except MouthguardError as exc:
+            log.info("could not pass the importance hint down for %s: %s", ref, exc)
 
     # --- load ------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ class CopyInfo:
     location: str
     verified: bool = False
     verified_at: dt.datetime | None = None
+    trashed_at: dt.datetime | None = None
 
     def to_json(self) -> dict[str, JsonValue]:
         """JSON form used by ``mouthguard show --json``."""
@@ -33,6 +34,7 @@ class CopyInfo:
             "location": self.location,
             "verified": self.verified,
             "verified_at": None if self.verified_at is None else self.verified_at.isoformat(),
+            "trashed_at": None if self.trashed_at is None else self.trashed_at.isoformat(),
         }
 
 
@@ -43,7 +45,8 @@ class CheckpointInfo:
     Attributes:
         run: run name.
         step: training step.
-        importance: the importance recorded at save time.
+        importance: the effective importance (changed later through a sidecar, or
+            as recorded at save time).
         created: commit time (UTC).
         nbytes: bytes of the checkpoint's files (what a copy occupies).
         tensor_bytes: bytes of tensor payload.
@@ -51,6 +54,8 @@ class CheckpointInfo:
         files: the files of the checkpoint.
         copies: one entry per tier holding a committed copy.
         save_seconds: wall time of the save that produced this info (only on save).
+        saved_importance: the importance recorded in the manifest at save time.
+        holds: names of the holds on the checkpoint (on any copy).
     """
 
     run: str
@@ -63,6 +68,8 @@ class CheckpointInfo:
     files: tuple[FileRecord, ...]
     copies: tuple[CopyInfo, ...] = ()
     save_seconds: float | None = None
+    saved_importance: Importance | None = None
+    holds: tuple[str, ...] = ()
 
     @classmethod
     def from_manifest(
@@ -70,12 +77,15 @@ class CheckpointInfo:
         manifest: Manifest,
         copies: tuple[CopyInfo, ...] = (),
         save_seconds: float | None = None,
+        *,
+        importance: Importance | None = None,
+        holds: tuple[str, ...] = (),
     ) -> CheckpointInfo:
-        """Build the info of a checkpoint from its manifest."""
+        """Build the info of a checkpoint from its manifest (and its sidecar facts)."""
         return cls(
             run=manifest.run,
             step=manifest.step,
-            importance=manifest.importance,
+            importance=importance or manifest.importance,
             created=manifest.created,
             nbytes=manifest.nbytes,
             tensor_bytes=manifest.tensor_bytes,
@@ -83,6 +93,8 @@ class CheckpointInfo:
             files=manifest.files,
             copies=copies,
             save_seconds=save_seconds,
+            saved_importance=manifest.importance,
+            holds=holds,
         )
 
     def to_json(self) -> dict[str, JsonValue]:
@@ -91,6 +103,8 @@ class CheckpointInfo:
             "run": self.run,
             "step": self.step,
             "importance": self.importance.value,
+            "saved_importance": (self.saved_importance or self.importance).value,
+            "holds": list(self.holds),
             "created": self.created.isoformat(),
             "nbytes": self.nbytes,
             "tensor_bytes": self.tensor_bytes,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.reader import read_manifest, verify_copy
-from mouthguard.checkpoint.receipts import write_receipt
+from mouthguard.checkpoint.sidecars import CopyRef, write_receipt
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import Manifest
@@ -67,7 +67,9 @@ def verify_target(target: CopyTarget, *, record_receipt: bool = True) -> CopyRep
         verify_copy(target.tier, prefix, manifest)
         if record_receipt:
             raw = target.tier.get(catalog.manifest_key(target.run, target.step))
-            write_receipt(target.tier, target.run, target.step, raw, dt.datetime.now(dt.UTC))
+            write_receipt(
+                CopyRef(target.tier, target.run, target.step), raw, dt.datetime.now(dt.UTC)
+            )
     except MouthguardError as exc:
         nbytes = manifest.nbytes if manifest is not None else 0
         return CopyReport(

@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 import builtins
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from mouthguard.errors import ObjectNotFoundError, UnsupportedOperationError
@@ -158,6 +158,22 @@ class Tier(abc.ABC):
             UnsupportedOperationError: the tier cannot rename atomically.
         """
         raise UnsupportedOperationError(f"tier {self.name!r} cannot rename atomically")
+
+    def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
+        """Attach advisory ``tags`` (e.g. ``{"importance": "critical"}``) to an object.
+
+        The hint travels down to storage that can use it: extended attributes
+        ``user.mouthguard.<tag>`` on POSIX, object tags on S3. It is advisory only;
+        mouthguard's own policy is the guarantee. Returns whether the tier stored
+        the tags (False where the tier or its filesystem cannot).
+        """
+        del key, tags  # a tier without annotations accepts and drops them
+        return False
+
+    def annotations(self, key: str) -> dict[str, str]:
+        """The advisory tags stored on an object (empty where unsupported)."""
+        del key
+        return {}
 
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
         """Remove the tier's own leftovers of interrupted writes under ``prefix``.

@@ -27,7 +27,7 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from mouthguard.errors import (
@@ -47,7 +47,14 @@ from mouthguard.tiers.base import (
 )
 from mouthguard.tiers.keys import MAX_KEY_LENGTH, validate_key, validate_prefix
 from mouthguard.tiers.memory import check_range, rename_keys, validate_dir_prefix
-from mouthguard.tiers.posix import TMP_PREFIX, DebrisSweep, describe_oserror, is_segment
+from mouthguard.tiers.posix import (
+    TMP_PREFIX,
+    DebrisSweep,
+    describe_oserror,
+    get_xattrs,
+    is_segment,
+    set_xattrs,
+)
 
 # O_NONBLOCK: opening a FIFO planted in the root must not hang a reader; it has
 # no effect on regular files.
@@ -454,6 +461,24 @@ class LocalTier(Tier):
             self._sync_dir(path.parent, key)
         self._prune(path.parent)
         return True
+
+    def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
+        """Set the tags as ``user.mouthguard.<tag>`` xattrs; False where the filesystem can't."""
+        fd, _ = self._open_object(key)  # validates the key, refuses links and non-files
+        os.close(fd)
+        try:
+            return set_xattrs(self._path(key), tags)
+        except OSError as exc:
+            raise self._error("annotate", key, exc) from exc
+
+    def annotations(self, key: str) -> dict[str, str]:
+        """The ``user.mouthguard.*`` xattrs of the object."""
+        fd, _ = self._open_object(key)
+        os.close(fd)
+        try:
+            return get_xattrs(self._path(key))
+        except OSError as exc:
+            raise self._error("read the annotations of", key, exc) from exc
 
     def rename_prefix(self, src: str, dst: str) -> None:
         """Move the directory ``root/src`` to ``root/dst`` with one ``rename``.

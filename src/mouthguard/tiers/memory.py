@@ -17,7 +17,7 @@ from __future__ import annotations
 import builtins
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from mouthguard.errors import InvalidKeyError, ObjectExistsError, ObjectNotFoundError, TierError
 from mouthguard.tiers.base import (
@@ -113,6 +113,7 @@ class MemoryTier(Tier):
         # what makes CREATE and rename_prefix atomic.
         self._lock = threading.Lock()
         self._objects: dict[str, tuple[bytes, float]] = {}
+        self._tags: dict[str, dict[str, str]] = {}
 
     @property
     def capabilities(self) -> TierCapabilities:
@@ -143,6 +144,7 @@ class MemoryTier(Tier):
             if mode is PutMode.CREATE and key in self._objects:
                 raise ObjectExistsError(f"object {key!r} already exists on tier {self.name!r}")
             self._objects[key] = (blob, mtime)
+            self._tags.pop(key, None)  # a new object starts without the old one's tags
         return ObjectInfo(key, len(blob), mtime)
 
     def _blob(self, key: str) -> bytes:
@@ -214,6 +216,7 @@ class MemoryTier(Tier):
         """Delete ``key``; return whether it existed."""
         validate_key(key)
         with self._lock:
+            self._tags.pop(key, None)
             return self._objects.pop(key, None) is not None
 
     def rename_prefix(self, src: str, dst: str) -> None:
@@ -234,3 +237,20 @@ class MemoryTier(Tier):
                 raise ObjectExistsError(f"destination {dst_p!r} is not empty on {self.name!r}")
             for k in moving:
                 self._objects[dst_p + k[len(src_p) :]] = self._objects.pop(k)
+                if k in self._tags:
+                    self._tags[dst_p + k[len(src_p) :]] = self._tags.pop(k)
+
+    def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
+        """Store advisory tags with the object (they move with it and die with it)."""
+        validate_key(key)
+        with self._lock:
+            if key not in self._objects:
+                raise ObjectNotFoundError(f"{key!r} not found on tier {self.name!r}")
+            self._tags.setdefault(key, {}).update(tags)
+        return True
+
+    def annotations(self, key: str) -> dict[str, str]:
+        """The advisory tags stored with ``key``."""
+        validate_key(key)
+        with self._lock:
+            return dict(self._tags.get(key, {}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,43 @@ def describe_oserror(exc: OSError) -> str:
     if exc.errno:
         return f"{os.strerror(exc.errno).lower()} ({errno.errorcode.get(exc.errno, exc.errno)})"
     return str(exc)
+
+
+XATTR_PREFIX = "user.mouthguard."
+#: errnos meaning "this filesystem (or mount) does not do user xattrs": advisory, so not an error
+_NO_XATTR = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES, errno.E2BIG, errno.ERANGE)
+
+
+def set_xattrs(path: Path, tags: Mapping[str, str]) -> bool:
+    """Set ``user.mouthguard.<tag>`` attributes on a file; False where unsupported.
+
+    Raises:
+        OSError: for errors other than "not supported here" (e.g. the file vanished).
+    """
+    try:
+        for name, value in tags.items():
+            os.setxattr(path, XATTR_PREFIX + name, value.encode(), follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in _NO_XATTR:
+            return False
+        raise
+    return True
+
+
+def get_xattrs(path: Path) -> dict[str, str]:
+    """The ``user.mouthguard.*`` attributes of a file (empty where unsupported)."""
+    try:
+        names = [n for n in os.listxattr(path, follow_symlinks=False) if n.startswith(XATTR_PREFIX)]
+        return {
+            n[len(XATTR_PREFIX) :]: os.getxattr(path, n, follow_symlinks=False).decode(
+                errors="replace"
+            )
+            for n in names
+        }
+    except OSError as exc:
+        if exc.errno in _NO_XATTR:
+            return {}
+        raise
 
 
 @dataclass

@@ -1,0 +1,216 @@
+"""Sidecars: the mutable facts of a checkpoint copy, stored next to its manifest.
+
+The manifest is immutable once committed. Everything that changes later is a
+small JSON object in the same directory, one per fact, written atomically:
+
+=============================  ==============================================
+``sidecar.verified.json``      read-back verification receipt (names the manifest
+                               checksum it vouches for)
+``sidecar.importance.json``    importance changed after the save (promote/demote)
+``sidecar.hold.<name>.json``   a named hold: blocks deletion of the checkpoint
+``sidecar.trash.json``         this copy is in the trash since a given time
+=============================  ==============================================
+
+The store stays self-describing: no separate database to lose. Facts are kept
+per copy (per tier) so each copy carries them; readers merge them across tiers
+(a hold on any tier holds the checkpoint everywhere; the newest importance
+change wins).
+
+Safety rule: a hold sidecar that cannot be parsed still counts as a hold. A
+damaged fact may only ever make the system *more* careful.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from mouthguard.checkpoint.catalog import checkpoint_prefix, manifest_key
+from mouthguard.errors import FormatError, MouthguardError, ObjectNotFoundError
+from mouthguard.format import typed_json
+from mouthguard.format.checksum import xxh3_digest
+from mouthguard.policy.importance import Importance, parse_importance
+from mouthguard.tiers.base import PutMode, Tier
+from mouthguard.tiers.keys import validate_segment
+
+log = logging.getLogger(__name__)
+
+SIDECAR_PREFIX = "sidecar."
+RECEIPT = "sidecar.verified.json"
+IMPORTANCE = "sidecar.importance.json"
+TRASH = "sidecar.trash.json"
+_HOLD_PREFIX = "sidecar.hold."
+_MAX_SIDECAR_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A named hold on a checkpoint (legal, investigation, release candidate...)."""
+
+    name: str
+    reason: str
+    placed_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class Sidecars:
+    """Every mutable fact recorded next to one copy."""
+
+    verified_at: dt.datetime | None = None
+    importance: Importance | None = None
+    importance_changed_at: dt.datetime | None = None
+    importance_reason: str = ""
+    holds: tuple[Hold, ...] = field(default_factory=tuple)
+    trashed_at: dt.datetime | None = None
+    trash_reason: str = ""
+
+
+def hold_name(name: str) -> str:
+    """Validate a hold name (a safe path segment)."""
+    try:
+        return validate_segment(name)
+    except MouthguardError:
+        raise ValueError(
+            f"invalid hold name {name!r}: use letters, digits, '_', '.', '-'"
+        ) from None
+
+
+@dataclass(frozen=True)
+class CopyRef:
+    """One copy of a checkpoint: the tier that holds it, and the run and step."""
+
+    tier: Tier
+    run: str
+    step: int
+
+    @property
+    def prefix(self) -> str:
+        """The copy's key prefix (``<run>/<step>/``)."""
+        return checkpoint_prefix(self.run, self.step)
+
+    def key(self, name: str) -> str:
+        """Key of file ``name`` of this copy."""
+        return self.prefix + name
+
+    def __str__(self) -> str:
+        return f"{self.run} step {self.step} on {self.tier.name}"
+
+
+def _put(ref: CopyRef, name: str, body: Mapping[str, object]) -> None:
+    data = json.dumps(dict(body), sort_keys=True).encode()
+    ref.tier.put(ref.key(name), data, mode=PutMode.OVERWRITE)
+
+
+def _read(tier: Tier, key: str) -> dict[str, typed_json.JsonValue] | None:
+    """Parse a sidecar; None if absent. Raises FormatError when damaged."""
+    try:
+        info = tier.head(key)
+        if info.size > _MAX_SIDECAR_BYTES:
+            raise FormatError(f"sidecar {key} is {info.size} bytes: too large")
+        body = typed_json.loads_strict(tier.get(key))
+    except ObjectNotFoundError:
+        return None
+    if not isinstance(body, dict):
+        raise FormatError(f"sidecar {key} is not a JSON object")
+    return body
+
+
+def _time(value: object) -> dt.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+# --- writing ------------------------------------------------------------------
+
+
+def write_receipt(ref: CopyRef, manifest_bytes: bytes, when: dt.datetime) -> None:
+    """Record that this copy was read back and verified at ``when``."""
+    _put(ref, RECEIPT, {"manifest": xxh3_digest(manifest_bytes), "verified_at": when.isoformat()})
+
+
+def write_importance(ref: CopyRef, importance: Importance, reason: str, when: dt.datetime) -> None:
+    """Record an importance change on this copy."""
+    body = {"importance": importance.value, "reason": reason, "changed_at": when.isoformat()}
+    _put(ref, IMPORTANCE, body)
+
+
+def place_hold(ref: CopyRef, name: str, reason: str, when: dt.datetime) -> None:
+    """Place hold ``name`` on this copy."""
+    body = {"name": hold_name(name), "reason": reason, "placed_at": when.isoformat()}
+    _put(ref, f"{_HOLD_PREFIX}{name}.json", body)
+
+
+def release_hold(ref: CopyRef, name: str) -> bool:
+    """Remove hold ``name`` from this copy; return whether it was there."""
+    return ref.tier.delete(ref.key(f"{_HOLD_PREFIX}{hold_name(name)}.json"))
+
+
+def mark_trashed(ref: CopyRef, reason: str, when: dt.datetime) -> None:
+    """Put this copy in the trash (it is purged only after the policy's delay)."""
+    _put(ref, TRASH, {"reason": reason, "trashed_at": when.isoformat()})
+
+
+def restore_from_trash(ref: CopyRef) -> bool:
+    """Take this copy out of the trash; return whether it was trashed."""
+    return ref.tier.delete(ref.key(TRASH))
+
+
+# --- reading ------------------------------------------------------------------
+
+
+def read_sidecars(ref: CopyRef) -> Sidecars:
+    """Read every fact recorded next to one copy.
+
+    Damaged facts are logged and ignored, except holds: an unreadable hold still
+    holds (with its damage as the reason), so corruption never enables a deletion.
+    """
+    tier, prefix = ref.tier, ref.prefix
+    names = [key[len(prefix) :] for key in tier.list(prefix + SIDECAR_PREFIX)]
+    verified_at = _receipt(ref) if RECEIPT in names else None
+    importance, changed_at, why = None, None, ""
+    if IMPORTANCE in names:
+        try:
+            body = _read(tier, prefix + IMPORTANCE) or {}
+            importance = parse_importance(str(body.get("importance")))
+            changed_at, why = _time(body.get("changed_at")), str(body.get("reason", ""))
+        except (FormatError, ValueError) as exc:
+            log.warning("ignoring damaged importance sidecar of %s: %s", ref, exc)
+    holds = tuple(_hold(tier, prefix, n) for n in names if n.startswith(_HOLD_PREFIX))
+    trashed_at, trash_reason = None, ""
+    if TRASH in names:
+        try:
+            body = _read(tier, prefix + TRASH) or {}
+            trashed_at, trash_reason = _time(body.get("trashed_at")), str(body.get("reason", ""))
+        except FormatError as exc:
+            log.warning("damaged trash mark of %s: %s", ref, exc)
+        if trashed_at is None:
+            # A trash mark without a readable time restarts the delay: never purge early.
+            trashed_at, trash_reason = dt.datetime.now(dt.UTC), trash_reason or "damaged trash mark"
+    return Sidecars(verified_at, importance, changed_at, why, holds, trashed_at, trash_reason)
+
+
+def _hold(tier: Tier, prefix: str, name: str) -> Hold:
+    hold = name[len(_HOLD_PREFIX) :].removesuffix(".json")
+    try:
+        body = _read(tier, prefix + name) or {}
+    except FormatError as exc:
+        return Hold(hold, f"unreadable hold sidecar, still holding ({exc})", None)
+    return Hold(hold, str(body.get("reason", "")), _time(body.get("placed_at")))
+
+
+def _receipt(ref: CopyRef) -> dt.datetime | None:
+    try:
+        body = _read(ref.tier, ref.key(RECEIPT))
+        manifest = ref.tier.get(manifest_key(ref.run, ref.step))
+    except (FormatError, ObjectNotFoundError):
+        return None
+    if body is None or body.get("manifest") != xxh3_digest(manifest):
+        return None  # vouches for another manifest: worthless
+    return _time(body.get("verified_at"))
