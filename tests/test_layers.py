@@ -3,6 +3,7 @@
 * ``tiers`` import nothing above them (only ``errors`` and each other).
 * ``policy`` (and, later, ``plan``) are pure: no I/O layer, no tiers, no torch I/O.
 * ``format`` knows nothing of checkpoints, tiers' implementations or the CLI.
+* ``jobs`` move copies between tiers on the policy's word; nothing below imports them.
 * nothing but the CLI imports the CLI.
 """
 
@@ -23,8 +24,9 @@ ALLOWED: dict[str, set[str]] = {
     "format": {"errors", "format", "policy", "tiers"},  # tiers.keys for name validation only
     "config": {"errors", "tiers"},
     "checkpoint": {"errors", "format", "policy", "tiers", "config", "checkpoint"},
-    "demo": {"errors", "format", "policy", "tiers", "config", "checkpoint", "demo"},
-    "cli": {"errors", "format", "policy", "tiers", "config", "checkpoint", "demo", "cli"},
+    "jobs": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs"},
+    "demo": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo"},
+    "cli": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo", "cli"},
 }
 
 

@@ -103,5 +103,15 @@ class ConfigError(MouthguardError):
     """A store configuration (``mouthguard.toml``) is invalid."""
 
 
+def is_data_damage(exc: BaseException) -> bool:
+    """Whether ``exc`` proves the stored bytes are damaged (not merely unreachable).
+
+    Checksum, format and missing-file errors are damage: retrying will not help
+    and the copy must be repaired. Other tier errors (I/O errors, timeouts, a
+    dead object store) may be transient and never justify touching a copy.
+    """
+    return isinstance(exc, FormatError | ObjectNotFoundError)
+
+
 class CheckpointFallbackWarning(UserWarning):
     """Emitted when ``load()`` skips a damaged copy or checkpoint and falls back."""

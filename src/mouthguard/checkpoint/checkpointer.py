@@ -18,6 +18,7 @@ from mouthguard.checkpoint.sidecars import (
     place_hold,
     read_sidecars,
     release_hold,
+    report_damage,
     write_importance,
 )
 from mouthguard.checkpoint.store import Store, open_store
@@ -37,6 +38,7 @@ from mouthguard.errors import (
     MouthguardError,
     NoValidCheckpointError,
     StateMismatchError,
+    is_data_damage,
 )
 from mouthguard.format import typed_json
 from mouthguard.format.manifest import MANIFEST_NAME, Manifest
@@ -357,11 +359,24 @@ class Checkpointer:
                     stacklevel=4,
                 )
                 log.warning("rejected %s step %d on %s: %s", self.run, step, tier.name, exc)
+                if is_data_damage(exc):
+                    self._report_damage(CopyRef(tier, self.run, step), str(exc))
                 continue
             copy = CopyInfo(tier=tier.name, location=tier.location(prefix))
             info = CheckpointInfo.from_manifest(manifest, (copy,))
             return LoadedCheckpoint(step, state, info, tier.name, list(rejected))
         return None
+
+    def _report_damage(self, ref: CopyRef, reason: str) -> None:
+        """Leave a damage report so the replicator confirms and repairs the copy.
+
+        Best effort: a read-only or failing tier must not turn a successful
+        fallback into an error.
+        """
+        try:
+            report_damage(ref, reason, utc_now())
+        except MouthguardError as exc:
+            log.info("could not record the damage of %s: %s", ref, exc)
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         key = catalog.manifest_key(self.run, step)

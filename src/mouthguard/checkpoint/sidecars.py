@@ -9,6 +9,8 @@ small JSON object in the same directory, one per fact, written atomically:
 ``sidecar.importance.json``    importance changed after the save (promote/demote)
 ``sidecar.hold.<name>.json``   a named hold: blocks deletion of the checkpoint
 ``sidecar.trash.json``         this copy is in the trash since a given time
+``sidecar.damage.json``        a reader found this copy damaged (to be confirmed
+                               and repaired by the replicator)
 =============================  ==============================================
 
 The store stays self-describing: no separate database to lose. Facts are kept
@@ -42,6 +44,7 @@ SIDECAR_PREFIX = "sidecar."
 RECEIPT = "sidecar.verified.json"
 IMPORTANCE = "sidecar.importance.json"
 TRASH = "sidecar.trash.json"
+DAMAGE = "sidecar.damage.json"
 _HOLD_PREFIX = "sidecar.hold."
 _MAX_SIDECAR_BYTES = 64 * 1024
 
@@ -66,6 +69,7 @@ class Sidecars:
     holds: tuple[Hold, ...] = field(default_factory=tuple)
     trashed_at: dt.datetime | None = None
     trash_reason: str = ""
+    damage: str = ""
 
 
 def hold_name(name: str) -> str:
@@ -157,6 +161,17 @@ def mark_trashed(ref: CopyRef, reason: str, when: dt.datetime) -> None:
     _put(ref, TRASH, {"reason": reason, "trashed_at": when.isoformat()})
 
 
+def report_damage(ref: CopyRef, reason: str, when: dt.datetime) -> None:
+    """Record that a reader found this copy damaged; its receipt no longer vouches."""
+    _put(ref, DAMAGE, {"reason": reason, "found_at": when.isoformat()})
+    ref.tier.delete(ref.key(RECEIPT))
+
+
+def clear_damage(ref: CopyRef) -> bool:
+    """Forget a damage report (the copy was re-verified and is intact)."""
+    return ref.tier.delete(ref.key(DAMAGE))
+
+
 def restore_from_trash(ref: CopyRef) -> bool:
     """Take this copy out of the trash; return whether it was trashed."""
     return ref.tier.delete(ref.key(TRASH))
@@ -193,7 +208,17 @@ def read_sidecars(ref: CopyRef) -> Sidecars:
         if trashed_at is None:
             # A trash mark without a readable time restarts the delay: never purge early.
             trashed_at, trash_reason = dt.datetime.now(dt.UTC), trash_reason or "damaged trash mark"
-    return Sidecars(verified_at, importance, changed_at, why, holds, trashed_at, trash_reason)
+    damage = ""
+    if DAMAGE in names:
+        try:
+            damage = str((_read(tier, prefix + DAMAGE) or {}).get("reason", "")) or "damaged"
+        except FormatError as exc:
+            damage = f"damage report unreadable ({exc})"
+    if damage:
+        verified_at = None  # a damage report outranks any receipt
+    return Sidecars(
+        verified_at, importance, changed_at, why, holds, trashed_at, trash_reason, damage
+    )
 
 
 def _hold(tier: Tier, prefix: str, name: str) -> Hold:

@@ -119,13 +119,19 @@ def commit(tier: Tier, staging: str, final: str, manifest: Manifest) -> None:
     Raises:
         CheckpointExistsError: a committed checkpoint already holds ``final``.
     """
-    where = f"{manifest.run} step {manifest.step} on tier {tier.name!r}"
+    commit_bytes(tier, staging, final, manifest.to_bytes())
+
+
+def commit_bytes(tier: Tier, staging: str, final: str, manifest_bytes: bytes) -> None:
+    """:func:`commit` with the manifest's exact bytes (replicas keep them byte-identical)."""
     try:
-        tier.put(staging + MANIFEST_NAME, manifest.to_bytes(), mode=PutMode.CREATE)
+        tier.put(staging + MANIFEST_NAME, manifest_bytes, mode=PutMode.CREATE)
         if staging != final:
             tier.rename_prefix(staging.rstrip("/"), final.rstrip("/"))
     except ObjectExistsError:
-        raise CheckpointExistsError(f"checkpoint {where} already exists") from None
+        raise CheckpointExistsError(
+            f"checkpoint {final} already exists on tier {tier.name!r}"
+        ) from None
 
 
 def framework_versions() -> dict[str, str]:

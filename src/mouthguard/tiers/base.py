@@ -170,6 +170,15 @@ class Tier(abc.ABC):
         del key, tags  # a tier without annotations accepts and drops them
         return False
 
+    def set_legal_hold(self, key: str, on: bool) -> bool:
+        """Place (or release) a storage-level legal hold on an object.
+
+        Only tiers declaring ``object_lock`` can; the rest return False. Like
+        annotations this backs up, never replaces, mouthguard's own holds.
+        """
+        del key, on
+        return False
+
     def annotations(self, key: str) -> dict[str, str]:
         """The advisory tags stored on an object (empty where unsupported)."""
         del key

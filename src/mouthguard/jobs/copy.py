@@ -1,0 +1,222 @@
+"""Copying one committed checkpoint from one tier to another, verified both ways.
+
+Order of operations (the commit protocol of the destination tier is the same as
+for a save, so a copy interrupted at any point is invisible there)::
+
+    manifest = read_manifest(src)                      # validated, hostile-safe
+    for each file: stream src -> dst staging           # hashed inline: the SOURCE is
+                                                       # verified by the same pass
+    commit_bytes(dst, manifest bytes)                  # byte-identical manifest, last
+    verify_copy(dst)                                   # read-back: every byte again
+    write receipts on both copies; copy facts (importance, holds); pass hints down
+
+Between chunks the copier yields to checkpoint saves (:class:`BurstGate`).
+A destination that already holds a *damaged* committed copy gets it set aside
+first (renamed where the tier can, else its manifest removed), never silently
+overwritten in place.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.reader import read_manifest, verify_copy
+from mouthguard.checkpoint.sidecars import (
+    CopyRef,
+    place_hold,
+    read_sidecars,
+    write_importance,
+    write_receipt,
+)
+from mouthguard.checkpoint.writer import commit_bytes, new_transaction_id, staging_prefix
+from mouthguard.errors import (
+    CheckpointExistsError,
+    ChecksumMismatchError,
+    MouthguardError,
+    ObjectNotFoundError,
+    TierError,
+)
+from mouthguard.format.checksum import StreamHasher
+from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest
+from mouthguard.jobs.burst import BurstGate
+from mouthguard.tiers.base import PutMode, Tier
+
+log = logging.getLogger(__name__)
+
+COPY_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    """What one copy did."""
+
+    run: str
+    step: int
+    source: str
+    destination: str
+    nbytes: int
+    seconds: float
+    yielded_seconds: float
+
+    @property
+    def bytes_per_second(self) -> float:
+        """Effective copy bandwidth (including the read-back)."""
+        busy = max(self.seconds - self.yielded_seconds, 1e-9)
+        return self.nbytes / busy
+
+
+class SourceDamagedError(ChecksumMismatchError):
+    """The copy's *source* failed verification (or lost a file) while being read."""
+
+
+class _SourceStream:
+    """Streams one source file in chunks, hashing inline; remembers its own failure.
+
+    The failure is recorded before it is raised because the destination tier may
+    wrap exceptions raised by the iterable it consumes (e.g. a multipart upload).
+    """
+
+    def __init__(self, tier: Tier, key: str, record: FileRecord, gate: BurstGate | None) -> None:
+        self.tier, self.key, self.record, self.gate = tier, key, record, gate
+        self.error: SourceDamagedError | None = None
+
+    def _fail(self, message: str) -> SourceDamagedError:
+        self.error = SourceDamagedError(message)
+        return self.error
+
+    def __iter__(self) -> Iterator[bytes]:
+        record, hasher, offset = self.record, StreamHasher(), 0
+        while offset < record.size:
+            if self.gate is not None:
+                self.gate.wait()
+            end = min(offset + COPY_CHUNK_BYTES, record.size)
+            try:
+                chunk = self.tier.get(self.key, offset, end)
+            except ObjectNotFoundError as exc:
+                missing = f"source {record.name} on {self.tier.name!r} is missing: {exc}"
+                raise self._fail(missing) from exc
+            except TierError as exc:
+                if self.tier.exists(self.key) and self.tier.head(self.key).size != record.size:
+                    raise self._fail(f"source {record.name} on {self.tier.name!r}: {exc}") from exc
+                raise
+            hasher.update(chunk)
+            yield chunk
+            offset = end
+        if hasher.xxh3 != record.checksum:
+            raise self._fail(
+                f"source copy of {record.name} on {self.tier.name!r} is corrupt "
+                f"(manifest {record.checksum}, read {hasher.xxh3})"
+            )
+
+
+def set_aside(ref: CopyRef, reason: str) -> None:
+    """Make a damaged committed copy invisible without destroying its bytes where possible."""
+    prefix = ref.prefix
+    if ref.tier.capabilities.atomic_rename:
+        aside = catalog.rejected_prefix(ref.run, ref.step, new_transaction_id())
+        ref.tier.rename_prefix(prefix.rstrip("/"), aside.rstrip("/"))
+        log.warning("set aside damaged copy %s as %s: %s", ref, aside, reason)
+        return
+    # No rename (object stores): uncommit by removing the manifest first, then the rest.
+    ref.tier.delete(prefix + MANIFEST_NAME)
+    ref.tier.delete_prefix(prefix)
+    log.warning("removed damaged copy %s: %s", ref, reason)
+
+
+def copy_checkpoint(
+    src: Tier, dst: Tier, run: str, step: int, *, gate: BurstGate | None = None
+) -> CopyResult:
+    """Copy committed checkpoint ``run``/``step`` from ``src`` to ``dst`` and verify it.
+
+    Raises:
+        SourceDamagedError: the source copy failed verification while being read
+            (nothing is committed on ``dst``).
+        ChecksumMismatchError, RankFileError: the destination failed its read-back
+            (the new copy is set aside).
+        CheckpointExistsError: ``dst`` already holds a valid committed copy.
+        TierError: either tier failed.
+    """
+    started = time.monotonic()
+    yielded_before = gate.yielded_seconds if gate is not None else 0.0
+    manifest = read_manifest(src, run, step)
+    raw_manifest = src.get(catalog.manifest_key(run, step))
+    dst_ref = CopyRef(dst, run, step)
+    if dst.exists(catalog.manifest_key(run, step)):
+        try:
+            verify_copy(dst, dst_ref.prefix, read_manifest(dst, run, step))
+        except MouthguardError as exc:
+            set_aside(dst_ref, str(exc))
+        else:
+            raise CheckpointExistsError(f"{dst_ref} already holds a valid copy")
+    staging = staging_prefix(dst, run, step, new_transaction_id())
+    final = catalog.checkpoint_prefix(run, step)
+    try:
+        for record in manifest.files:
+            stream = _SourceStream(src, final + record.name, record, gate)
+            try:
+                dst.put(staging + record.name, stream, mode=PutMode.CREATE)
+            except Exception as exc:
+                if stream.error is not None:
+                    raise stream.error from exc
+                raise
+        commit_bytes(dst, staging, final, raw_manifest)
+    except BaseException:
+        _discard(dst, staging, final)
+        raise
+    try:
+        verify_copy(dst, final, manifest)  # read-back: a copy counts only once verified
+    except MouthguardError as exc:
+        set_aside(dst_ref, f"read-back after copy failed: {exc}")
+        raise
+    now = dt.datetime.now(dt.UTC)
+    write_receipt(CopyRef(src, run, step), raw_manifest, now)  # fully read, matched
+    write_receipt(dst_ref, raw_manifest, now)
+    _copy_facts(CopyRef(src, run, step), dst_ref, manifest)
+    yielded = (gate.yielded_seconds - yielded_before) if gate is not None else 0.0
+    result = CopyResult(
+        run, step, src.name, dst.name, manifest.nbytes, time.monotonic() - started, yielded
+    )
+    log.info(
+        "replicated %s step %d %s -> %s (%d bytes, %.2f s, verified)",
+        run,
+        step,
+        src.name,
+        dst.name,
+        manifest.nbytes,
+        result.seconds,
+    )
+    return result
+
+
+def _discard(dst: Tier, staging: str, final: str) -> None:
+    try:
+        if staging != final:
+            dst.delete_prefix(staging)
+        elif not dst.exists(final + MANIFEST_NAME):
+            dst.delete_prefix(final)  # uncommitted objects under the final prefix
+    except MouthguardError as exc:
+        log.warning("could not clean up an interrupted copy on %s: %s", dst.name, exc)
+
+
+def _copy_facts(src: CopyRef, dst: CopyRef, manifest: Manifest) -> None:
+    """Carry the mutable facts (importance change, holds) and the hint to the new copy."""
+    facts = read_sidecars(src)
+    when = dt.datetime.now(dt.UTC)
+    if facts.importance is not None:
+        write_importance(
+            dst, facts.importance, facts.importance_reason, facts.importance_changed_at or when
+        )
+    for hold in facts.holds:
+        place_hold(dst, hold.name, hold.reason, hold.placed_at or when)
+    level = facts.importance or manifest.importance
+    for name in [*(f.name for f in manifest.files), MANIFEST_NAME]:
+        try:
+            dst.tier.annotate(dst.key(name), {"importance": level.value})
+        except MouthguardError as exc:
+            log.info("could not pass the importance hint down for %s: %s", dst, exc)
+            break

@@ -1,0 +1,123 @@
+"""Turning what is on the tiers into the plain facts the pure policy decides on."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.reader import read_manifest
+from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
+from mouthguard.checkpoint.store import Store
+from mouthguard.errors import MouthguardError
+from mouthguard.format.manifest import Manifest
+from mouthguard.policy.facts import CheckpointFacts, CopyFacts, TierFacts
+from mouthguard.policy.importance import Importance
+from mouthguard.tiers.base import Tier
+
+log = logging.getLogger(__name__)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def tier_facts(store: Store) -> list[TierFacts]:
+    """What the policy needs to know about each tier (the first is the fast tier)."""
+    return [
+        TierFacts(
+            name=t.name,
+            domain=t.domain,
+            durable=t.capabilities.durable,
+            persistent=t.capabilities.persistent,
+            object_lock=t.capabilities.object_lock,
+            is_fast=i == 0,
+        )
+        for i, t in enumerate(store.tiers)
+    ]
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """One checkpoint as found on the tiers: the policy facts plus what I/O needs."""
+
+    facts: CheckpointFacts
+    manifest: Manifest
+    readable: tuple[Tier, ...]  # tiers whose manifest parsed (copy sources)
+    damaged: tuple[tuple[Tier, str], ...]  # tiers whose committed copy is unreadable
+
+
+def _ts(value: dt.datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def gather(store: Store, run: str, step: int) -> CheckpointView | None:
+    """Collect the facts about ``run``/``step`` from every tier (None if not committed)."""
+    manifest: Manifest | None = None
+    copies: list[CopyFacts] = []
+    readable: list[Tier] = []
+    damaged: list[tuple[Tier, str]] = []
+    held = False
+    changes: list[tuple[dt.datetime, Importance]] = []
+    for tier in store.tiers:
+        if not tier.exists(catalog.manifest_key(run, step)):
+            continue
+        try:
+            found = read_manifest(tier, run, step)
+        except MouthguardError as exc:
+            damaged.append((tier, str(exc)))
+            continue
+        manifest = manifest or found
+        readable.append(tier)
+        side = read_sidecars(CopyRef(tier, run, step))
+        held = held or bool(side.holds)
+        if side.importance is not None:
+            changes.append((side.importance_changed_at or _EPOCH, side.importance))
+        copies.append(
+            CopyFacts(
+                tier=tier.name,
+                domain=tier.domain,
+                verified=side.verified_at is not None,
+                verified_at=_ts(side.verified_at),
+                trashed_at=_ts(side.trashed_at),
+            )
+        )
+    if manifest is None:
+        return None
+    importance = max(changes, key=lambda c: c[0])[1] if changes else manifest.importance
+    metrics = _metrics(manifest)
+    verified = any(c.verified for c in copies)
+    facts = CheckpointFacts(
+        run=run,
+        step=step,
+        importance=importance,
+        created=manifest.created.timestamp(),
+        valid=True if verified else None,
+        held=held,
+        metrics=metrics,
+        copies=tuple(copies),
+    )
+    return CheckpointView(facts, manifest, tuple(readable), tuple(damaged))
+
+
+def _metrics(manifest: Manifest) -> dict[str, float]:
+    """Numeric reference values saved with the checkpoint (``reference={"loss": ...}``)."""
+    ref = manifest.reference
+    if not isinstance(ref, dict):
+        return {}
+    return {
+        k: float(v)
+        for k, v in ref.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def steps_of(store: Store, run: str) -> list[int]:
+    """Steps committed on any tier of ``store``, ascending."""
+    found: set[int] = set()
+    for tier in store.tiers:
+        found.update(catalog.committed_steps(tier, run))
+    return sorted(found)
+
+
+def runs_of(store: Store) -> list[str]:
+    """Runs present on any tier of ``store``."""
+    return sorted({r for tier in store.tiers for r in catalog.list_runs(tier)})

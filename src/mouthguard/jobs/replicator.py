@@ -1,0 +1,193 @@
+"""Replication: make every committed checkpoint meet its placement, verified.
+
+For each checkpoint the pure policy (:func:`plan_placement`) names the target
+tiers for its importance. The replicator copies the checkpoint to each target
+that lacks a *verified* copy, from a source whose bytes check out (fast tier
+first), reading every destination byte back before the copy counts. A source
+that fails its checksums during a copy is set aside and the next source is
+tried: a damaged copy is never propagated.
+
+Where the policy asks for a legal hold (critical) and the tier supports Object
+Lock, the copy's objects are put under hold; the hint (importance) is passed
+down as annotations on every copy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.reader import read_manifest, verify_copy
+from mouthguard.checkpoint.sidecars import CopyRef, clear_damage, write_receipt
+from mouthguard.checkpoint.store import Store
+from mouthguard.errors import MouthguardError, is_data_damage
+from mouthguard.format.manifest import MANIFEST_NAME
+from mouthguard.jobs.burst import BurstGate
+from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint, set_aside
+from mouthguard.jobs.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
+from mouthguard.policy.config import PolicyConfig
+from mouthguard.policy.placement import Placement, plan_placement, protection_status
+from mouthguard.tiers.base import Tier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """A checkpoint whose placement could not be met (yet), and why."""
+
+    run: str
+    step: int
+    reason: str
+
+
+@dataclass
+class ReplicationReport:
+    """What one pass did."""
+
+    copies: list[CopyResult] = field(default_factory=list)
+    shortfalls: list[Shortfall] = field(default_factory=list)
+    protected: int = 0
+    checked: int = 0
+
+    @property
+    def copied_bytes(self) -> int:
+        """Bytes copied (and read back) in this pass."""
+        return sum(c.nbytes for c in self.copies)
+
+
+class Replicator:
+    """Copies checkpoints between the tiers of one store until placements are met.
+
+    Args:
+        store: the store whose tiers are managed.
+        policy: importance policy (defaults to DESIGN's table).
+        gate: burst gate shared with the savers of this process.
+    """
+
+    def __init__(
+        self, store: Store, policy: PolicyConfig | None = None, gate: BurstGate | None = None
+    ) -> None:
+        self.store = store
+        self.policy = policy or PolicyConfig()
+        self.gate = gate or BurstGate()
+
+    def placement(self, view: CheckpointView) -> Placement:
+        """The policy's placement for a checkpoint, on this store's tiers."""
+        return plan_placement(view.facts.importance, tier_facts(self.store), self.policy)
+
+    def replicate(
+        self, run: str, step: int, report: ReplicationReport | None = None
+    ) -> ReplicationReport:
+        """Bring one checkpoint to its placement. Never raises for bad data or a failing tier.
+
+        1. Every existing copy without a valid receipt (new, or reported damaged
+           by a reader) is read back in place; confirmed damage is set aside.
+        2. Each target tier still lacking a verified copy gets one, copied from
+           an intact source (fast first) and read back before it counts.
+        """
+        report = report if report is not None else ReplicationReport()
+        view = gather(self.store, run, step)
+        if view is None:
+            return report
+        report.checked += 1
+        placement = self.placement(view)
+        if not placement.satisfiable:
+            report.shortfalls.append(Shortfall(run, step, "; ".join(placement.reasons)))
+        good = self._confirm_copies(view, report)
+        for target in placement.targets:
+            if any(t.name == target for t in good):
+                continue
+            result = self._copy_to(view, self.store.tier(target), good, report)
+            if result is not None:
+                report.copies.append(result)
+                good.append(self.store.tier(target))
+        if placement.legal_hold:
+            self._legal_hold(view, placement)
+        final = gather(self.store, run, step)
+        if final is not None and protection_status(final.facts, placement).state == "protected":
+            report.protected += 1
+        return report
+
+    def _confirm_copies(self, view: CheckpointView, report: ReplicationReport) -> list[Tier]:
+        """Tiers whose copy is verified: by a receipt, or by reading it back now."""
+        run, step = view.facts.run, view.facts.step
+        receipts = {c.tier for c in view.facts.copies if c.verified}
+        good: list[Tier] = []
+        for tier in view.readable:
+            if tier.name in receipts:
+                good.append(tier)
+                continue
+            ref = CopyRef(tier, run, step)
+            try:
+                verify_copy(tier, ref.prefix, read_manifest(tier, run, step))
+            except MouthguardError as exc:
+                if is_data_damage(exc):
+                    set_aside(ref, str(exc))
+                    report.shortfalls.append(
+                        Shortfall(run, step, f"copy on {tier.name} damaged: {exc}")
+                    )
+                else:
+                    report.shortfalls.append(Shortfall(run, step, f"cannot verify {ref}: {exc}"))
+                continue
+            raw = tier.get(catalog.manifest_key(run, step))
+            write_receipt(ref, raw, dt.datetime.now(dt.UTC))
+            clear_damage(ref)
+            good.append(tier)
+        for tier, reason in view.damaged:
+            set_aside(CopyRef(tier, run, step), reason)
+            report.shortfalls.append(Shortfall(run, step, f"copy on {tier.name} damaged: {reason}"))
+        return good
+
+    def _copy_to(
+        self, view: CheckpointView, dst: Tier, good: list[Tier], report: ReplicationReport
+    ) -> CopyResult | None:
+        run, step = view.facts.run, view.facts.step
+        for src in [t for t in good if t is not dst]:
+            try:
+                return copy_checkpoint(src, dst, run, step, gate=self.gate)
+            except SourceDamagedError as exc:
+                # Never propagate a damaged copy: set it aside, try the next source.
+                set_aside(CopyRef(src, run, step), str(exc))
+                good.remove(src)
+                report.shortfalls.append(Shortfall(run, step, f"source damaged: {exc}"))
+            except MouthguardError as exc:
+                reason = f"copy {src.name} -> {dst.name} failed: {exc}"
+                report.shortfalls.append(Shortfall(run, step, reason))
+                return None
+        report.shortfalls.append(Shortfall(run, step, f"no intact source for a copy to {dst.name}"))
+        return None
+
+    def _legal_hold(self, view: CheckpointView, placement: Placement) -> None:
+        for tier in self.store.tiers:
+            if tier.name not in placement.targets or not tier.capabilities.object_lock:
+                continue
+            ref = CopyRef(tier, view.facts.run, view.facts.step)
+            for name in [*(f.name for f in view.manifest.files), MANIFEST_NAME]:
+                try:
+                    tier.set_legal_hold(ref.key(name), True)
+                except MouthguardError as exc:
+                    log.warning("legal hold on %s/%s failed: %s", ref, name, exc)
+
+    def run_once(self, runs: Iterable[str] | None = None) -> ReplicationReport:
+        """One pass over every committed checkpoint (newest first within a run)."""
+        report = ReplicationReport()
+        for run in runs if runs is not None else runs_of(self.store):
+            for step in sorted(steps_of(self.store, run), reverse=True):
+                self.replicate(run, step, report)
+        return report
+
+    def wait_protected(self, run: str, step: int, timeout: float) -> bool:
+        """Replicate ``run``/``step`` in this thread until protected or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            report = self.replicate(run, step)
+            if report.protected:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))

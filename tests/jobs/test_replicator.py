@@ -1,0 +1,155 @@
+"""Replication: placement met, every copy read back, damage never propagated."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import mouthguard
+from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
+from mouthguard.errors import FormatError
+from mouthguard.jobs.burst import BurstGate
+from mouthguard.jobs.copy import SourceDamagedError, copy_checkpoint
+from mouthguard.jobs.replicator import Replicator
+from mouthguard.tiers.base import PutData, PutMode, Tier, iter_buffers
+from mouthguard.tiers.posix import get_xattrs
+from mouthguard.tiers.throttle import ThrottledTier
+from tests.checkpoint.helpers import flip_byte
+
+
+def _dir(store: mouthguard.Store, tier: str, run: str, step: int) -> Path:
+    return Path(store.tier(tier).location(f"{run}/{step:012d}/"))
+
+
+def test_routine_gets_a_second_verified_copy_in_another_domain(two_tier: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(two_tier, run="r")
+    ckpt.save(1, {"w": torch.arange(1000.0)}, importance="routine")
+    report = Replicator(two_tier).run_once()
+    assert [(c.source, c.destination) for c in report.copies] == [("fast", "durable")]
+    assert report.protected == 1 and not report.shortfalls
+    for tier in ("fast", "durable"):
+        assert read_sidecars(CopyRef(two_tier.tier(tier), "r", 1)).verified_at is not None
+    assert (_dir(two_tier, "fast", "r", 1) / "manifest.json").read_bytes() == (
+        _dir(two_tier, "durable", "r", 1) / "manifest.json"
+    ).read_bytes()
+    # A second pass has nothing to do.
+    again = Replicator(two_tier).run_once()
+    assert again.copies == [] and again.protected == 1
+
+
+def test_critical_goes_to_every_durable_tier_with_its_facts(three_tier: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(three_tier, run="r")
+    ckpt.save(7, {"w": torch.ones(10)}, importance="routine")
+    ckpt.set_importance(7, "golden", reason="release candidate")
+    ckpt.hold(7, "legal", reason="audit")
+    report = Replicator(three_tier).run_once()
+    assert sorted(c.destination for c in report.copies) == ["archive", "pfs"]
+    info = ckpt.info(7)
+    assert info is not None
+    assert sorted(c.tier for c in info.copies) == ["archive", "fast", "pfs"]
+    assert all(c.verified for c in info.copies)
+    for tier in ("pfs", "archive"):
+        facts = read_sidecars(CopyRef(three_tier.tier(tier), "r", 7))
+        assert facts.importance is mouthguard.Importance.CRITICAL
+        assert [h.name for h in facts.holds] == ["legal"]
+        rank = _dir(three_tier, tier, "r", 7) / "rank-00000.safetensors"
+        assert get_xattrs(rank) == {"importance": "critical"}
+
+
+def test_single_domain_store_reports_the_shortfall(tmp_path: Path) -> None:
+    from tests.jobs.conftest import make_store  # noqa: PLC0415
+
+    store = make_store(tmp_path / "one", ("fast", "node-a"), ("other", "node-a"))
+    mouthguard.Checkpointer(store, run="r").save(1, {"w": torch.ones(3)})
+    report = Replicator(store).run_once()
+    assert report.protected == 0
+    assert report.shortfalls and "domain" in report.shortfalls[0].reason
+
+
+def test_a_damaged_source_is_set_aside_never_copied(two_tier: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(two_tier, run="r")
+    ckpt.save(1, {"w": torch.arange(5000.0)})
+    flip_byte(_dir(two_tier, "fast", "r", 1) / "rank-00000.safetensors", -3)
+    report = Replicator(two_tier).run_once()
+    assert report.copies == []
+    assert any("damaged" in s.reason for s in report.shortfalls)
+    assert not (_dir(two_tier, "durable", "r", 1)).exists()
+    run_dir = _dir(two_tier, "fast", "r", 1).parent
+    assert [p.name.split(".")[1].split("-")[0] for p in run_dir.iterdir()] == ["rejected"]
+    assert ckpt.list() == []
+
+
+def test_copy_source_damage_is_a_distinct_error(two_tier: mouthguard.Store) -> None:
+    mouthguard.Checkpointer(two_tier, run="r").save(1, {"w": torch.arange(100.0)})
+    flip_byte(_dir(two_tier, "fast", "r", 1) / "rank-00000.safetensors", -1)
+    with pytest.raises(SourceDamagedError, match="corrupt"):
+        copy_checkpoint(two_tier.tier("fast"), two_tier.tier("durable"), "r", 1)
+    assert not list(Path(two_tier.tier("durable").location()).rglob("manifest.json"))
+
+
+class _CorruptingTier(ThrottledTier):
+    """Writes go through, but one byte of every object written is flipped (bit rot on write)."""
+
+    def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> object:  # type: ignore[override]
+        blob = bytearray(b"".join(bytes(c) for c in iter_buffers(data)))
+        if blob and not key.endswith(".json"):
+            blob[len(blob) // 2] ^= 0xFF
+        return self.inner.put(key, bytes(blob), mode=mode)
+
+
+def test_read_back_failure_on_destination_does_not_blame_the_source(
+    two_tier: mouthguard.Store,
+) -> None:
+    mouthguard.Checkpointer(two_tier, run="r").save(1, {"w": torch.arange(100.0)})
+    bad = _CorruptingTier(two_tier.tier("durable"), write_bytes_per_second=1e12)
+    with pytest.raises(FormatError) as caught:
+        copy_checkpoint(two_tier.tier("fast"), bad, "r", 1)
+    assert not isinstance(caught.value, SourceDamagedError)
+    assert (_dir(two_tier, "fast", "r", 1) / "manifest.json").exists()  # source untouched
+    assert not (_dir(two_tier, "durable", "r", 1) / "manifest.json").exists()  # bad copy set aside
+
+
+def test_a_missing_fast_copy_is_repaired_from_the_durable_one(two_tier: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(two_tier, run="r")
+    ckpt.save(1, {"w": torch.arange(10.0)}, importance="milestone")
+    Replicator(two_tier).run_once()
+    (_dir(two_tier, "fast", "r", 1) / "rank-00000.safetensors").unlink()
+    with pytest.warns(mouthguard.CheckpointFallbackWarning, match="fast"):
+        loaded = ckpt.load()
+    assert loaded.step == 1 and loaded.tier == "durable"
+    report = Replicator(two_tier).run_once()
+    assert [(c.source, c.destination) for c in report.copies] == [("durable", "fast")]
+    assert ckpt.load().tier == "fast"
+
+
+def test_copying_yields_to_a_save_in_flight(two_tier: mouthguard.Store) -> None:
+    mouthguard.Checkpointer(two_tier, run="r").save(1, {"w": torch.zeros(1 << 20)})
+    gate = BurstGate()
+    gate.save_started()
+    done = threading.Event()
+
+    def copy() -> None:
+        copy_checkpoint(two_tier.tier("fast"), two_tier.tier("durable"), "r", 1, gate=gate)
+        done.set()
+
+    worker = threading.Thread(target=copy)
+    worker.start()
+    time.sleep(0.4)
+    assert not done.is_set()
+    assert not (_dir(two_tier, "durable", "r", 1) / "manifest.json").exists()
+    gate.save_finished()
+    worker.join(timeout=30)
+    assert done.is_set()
+    assert gate.yielded_seconds >= 0.3
+
+
+def _never(_: object) -> Iterator[bytes]:  # pragma: no cover - keeps Tier imported for typing
+    yield b""
+
+
+_ = (Tier, _never)
