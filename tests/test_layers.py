@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "tiers": {"errors", "tiers"},
     "policy": {"errors", "policy"},
     "format": {"errors", "format", "policy", "tiers"},  # tiers.keys for name validation only
-    "config": {"errors", "tiers"},
+    "config": {"errors", "tiers", "policy"},
     "checkpoint": {"errors", "format", "policy", "tiers", "config", "checkpoint"},
     "jobs": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs"},
     "demo": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo"},

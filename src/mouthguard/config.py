@@ -4,9 +4,22 @@ Configuration form::
 
     [[tiers]]
     name = "fast"        # unique
-    kind = "local"       # memory | local
+    kind = "local"       # memory | local | s3
     path = "/mnt/nvme/mouthguard"   # relative paths are relative to the toml file
     domain = "node-a"    # failure domain
+
+    [[tiers]]
+    name = "s3"
+    kind = "s3"
+    url = "s3://bucket/prefix"
+    endpoint = "http://127.0.0.1:9000"   # optional; credentials from AWS_* variables
+    region = "us-east-1"                 # optional
+    domain = "region-a"
+
+    [policy]                 # optional: overrides of the importance policy
+    trash_delay_seconds = 86400
+    [policy.routine]
+    keep_last = 5
 
 The first tier listed is the fast tier: saves land there first.
 """
@@ -14,13 +27,19 @@ The first tier listed is the fast tier: saves land there first.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mouthguard.errors import ConfigError, InvalidKeyError
+from mouthguard.policy.config import PolicyConfig
 from mouthguard.tiers.keys import validate_segment
 
-TIER_KINDS = ("memory", "local")
+TIER_KINDS = ("memory", "local", "s3")
+_TIER_KEYS = {
+    "memory": {"name", "kind", "domain"},
+    "local": {"name", "kind", "domain", "path"},
+    "s3": {"name", "kind", "domain", "url", "endpoint", "region"},
+}
 
 
 @dataclass(frozen=True)
@@ -31,6 +50,9 @@ class TierConfig:
     kind: str
     domain: str
     path: Path | None = None
+    url: str | None = None
+    endpoint: str | None = None
+    region: str | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +61,7 @@ class StoreConfig:
 
     source: str
     tiers: tuple[TierConfig, ...]
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
 def default_config(directory: Path) -> StoreConfig:
@@ -70,7 +93,14 @@ def load_config(path: Path) -> StoreConfig:
     names = [t.name for t in tiers]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: tier names must be unique, got {names}")
-    return StoreConfig(source=str(path), tiers=tuple(tiers))
+    unknown = set(data) - {"tiers", "policy"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level keys {sorted(unknown)}")
+    raw_policy = data.get("policy", {})
+    if not isinstance(raw_policy, dict):
+        raise ConfigError(f"{path}: [policy] must be a table")
+    policy = PolicyConfig.from_toml(raw_policy)
+    return StoreConfig(source=str(path), tiers=tuple(tiers), policy=policy)
 
 
 def _tier(raw: object, index: int, base: Path) -> TierConfig:
@@ -91,6 +121,9 @@ def _tier(raw: object, index: int, base: Path) -> TierConfig:
     domain = raw.get("domain", name)
     if not isinstance(domain, str) or not domain:
         raise ConfigError(f"{where} ({name}): 'domain' must be a non-empty string")
+    unknown = set(raw) - _TIER_KEYS[str(kind)]
+    if unknown:
+        raise ConfigError(f"{where} ({name}): unknown keys {sorted(unknown)} for a {kind} tier")
     path: Path | None = None
     if kind == "local":
         raw_path = raw.get("path")
@@ -98,7 +131,19 @@ def _tier(raw: object, index: int, base: Path) -> TierConfig:
             raise ConfigError(f"{where} ({name}): a local tier needs 'path'")
         path = Path(raw_path).expanduser()
         path = path if path.is_absolute() else base / path
-    unknown = set(raw) - {"name", "kind", "domain", "path"}
-    if unknown:
-        raise ConfigError(f"{where} ({name}): unknown keys {sorted(unknown)}")
-    return TierConfig(name=name, kind=str(kind), domain=domain, path=path)
+    strings = {k: raw.get(k) for k in ("url", "endpoint", "region")}
+    for key, value in strings.items():
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{where} ({name}): '{key}' must be a non-empty string")
+    url = strings["url"]
+    if kind == "s3" and (not isinstance(url, str) or not url.startswith("s3://")):
+        raise ConfigError(f'{where} ({name}): an s3 tier needs url = "s3://bucket/prefix"')
+    return TierConfig(
+        name=name,
+        kind=str(kind),
+        domain=domain,
+        path=path,
+        url=url if isinstance(url, str) else None,
+        endpoint=strings["endpoint"] if isinstance(strings["endpoint"], str) else None,
+        region=strings["region"] if isinstance(strings["region"], str) else None,
+    )

@@ -73,3 +73,32 @@ def test_a_file_that_is_not_a_store(tmp_path: Path) -> None:
     plain.write_text("hello")
     with pytest.raises(ConfigError):
         mouthguard.open_store(plain)
+
+
+def test_policy_section_reaches_the_store(tmp_path: Path) -> None:
+    config = tmp_path / "mouthguard.toml"
+    config.write_text(
+        '[[tiers]]\nname = "fast"\nkind = "memory"\n\n'
+        "[policy]\ntrash_delay_seconds = 60\n[policy.routine]\nkeep_last = 7\n"
+    )
+    store = mouthguard.open_store(config)
+    assert store.policy.trash_delay_seconds == 60
+    assert store.policy.levels[mouthguard.Importance.ROUTINE].keep_last == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[tiers]]\nname = "s"\nkind = "s3"\n', "needs url"),
+        ('[[tiers]]\nname = "s"\nkind = "s3"\nurl = "http://x"\n', "needs url"),
+        ('[[tiers]]\nname = "s"\nkind = "s3"\nurl = "s3://b"\npath = "x"\n', "unknown keys"),
+        ('[[tiers]]\nname = "s"\nkind = "s3"\nurl = "s3://b"\nendpoint = 3\n', "'endpoint'"),
+        ('[[tiers]]\nname = "a"\nkind = "memory"\n[policy]\nfrobs = 1\n', "frobs"),
+        ('[[tiers]]\nname = "a"\nkind = "memory"\n[storage]\nx = 1\n', "top-level"),
+    ],
+)
+def test_bad_s3_and_policy_configuration(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "mouthguard.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        mouthguard.open_store(config)

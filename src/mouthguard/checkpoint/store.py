@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mouthguard.config import StoreConfig, TierConfig, default_config, load_config
 from mouthguard.errors import ConfigError
+from mouthguard.policy.config import PolicyConfig
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
@@ -19,9 +20,12 @@ class Store:
     Args:
         tiers: the tiers, fast first. Names must be unique.
         source: where the configuration came from (a directory or a toml path).
+        policy: the importance policy (``[policy]`` of the configuration).
     """
 
-    def __init__(self, tiers: Sequence[Tier], *, source: str = "") -> None:
+    def __init__(
+        self, tiers: Sequence[Tier], *, source: str = "", policy: PolicyConfig | None = None
+    ) -> None:
         if not tiers:
             raise ConfigError("a store needs at least one tier")
         names = [t.name for t in tiers]
@@ -29,6 +33,7 @@ class Store:
             raise ConfigError(f"tier names must be unique, got {names}")
         self.tiers: tuple[Tier, ...] = tuple(tiers)
         self.source = source
+        self.policy = policy or PolicyConfig()
 
     @property
     def fast(self) -> Tier:
@@ -49,13 +54,25 @@ class Store:
 def _build_tier(config: TierConfig) -> Tier:
     if config.kind == "memory":
         return MemoryTier(name=config.name, domain=config.domain)
+    if config.kind == "s3":
+        from mouthguard.tiers.s3 import S3Tier  # noqa: PLC0415 - obstore/boto3 only when used
+
+        assert config.url is not None
+        return S3Tier(
+            config.url,
+            name=config.name,
+            domain=config.domain,
+            endpoint=config.endpoint,
+            region=config.region,
+        )
     assert config.path is not None
     return LocalTier(config.path, name=config.name, domain=config.domain)
 
 
 def store_from_config(config: StoreConfig) -> Store:
     """Open every tier of ``config``."""
-    return Store([_build_tier(t) for t in config.tiers], source=config.source)
+    tiers = [_build_tier(t) for t in config.tiers]
+    return Store(tiers, source=config.source, policy=config.policy)
 
 
 def open_store(path: str | os.PathLike[str], *, create: bool = True) -> Store:
