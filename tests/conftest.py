@@ -8,6 +8,9 @@ import pytest
 
 import mouthguard
 
+#: The S3 test server (a real Ceph RADOS Gateway on loopback) and its buckets.
+pytest_plugins = ["tests.s3.fixtures"]
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> mouthguard.Store:

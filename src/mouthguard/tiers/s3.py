@@ -1,0 +1,541 @@
+"""An S3 tier: objects in a bucket, under an optional prefix, through obstore.
+
+Key ``a/b`` of ``S3Tier("s3://bucket/runs")`` is the S3 object ``runs/a/b``.
+obstore (Rust, ``object_store``) carries the bytes; the control plane in
+:mod:`mouthguard.tiers.s3_control` (botocore) does what obstore cannot: bucket
+checks, tags, legal holds, versions, aborting abandoned uploads.
+
+How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
+
+* **All-or-nothing put.** Up to ``part_size`` bytes go in one PUT; larger
+  objects go in a multipart upload of ``part_size`` parts, ``max_concurrency``
+  in flight. S3 publishes a multipart object only when the upload completes, so
+  readers never see a prefix. If the caller's stream raises, obstore aborts the
+  upload and the caller's exception propagates unchanged. A process killed
+  mid-upload leaves an invisible upload that :meth:`S3Tier.collect_incomplete`
+  aborts.
+* **Streams are copied once.** obstore keeps references to the buffers it was
+  given until their part is sent, while a streaming caller may refill one buffer
+  for every chunk; each chunk is therefore copied into a private part buffer.
+  A single buffer is passed through uncopied (``put`` returns only after the
+  upload, so the caller cannot change it meanwhile).
+* **Create-only put** is a single PUT with ``If-None-Match: *`` (S3 has no
+  conditional multipart in obstore), so the whole object is held in memory and
+  limited to S3's 5 GiB single-PUT size: meant for manifests and markers. It is
+  atomic only where the open-time probe saw the server refuse a second create
+  (``capabilities.conditional_put``). Elsewhere (Ceph RGW on versioned and
+  Object-Lock buckets ignores the header) the tier checks with HEAD first: a
+  race between two writers can then let both succeed.
+* **Ranges are checked against the real size.** S3 silently shortens a range
+  that runs past the end; the tier compares it with the object size in the
+  response and raises instead.
+* **Listing goes through botocore,** not obstore: obstore matches prefixes on
+  whole path segments only, and it fails the *whole* listing when one foreign
+  object has a name it cannot parse (``a//b``), which would let any other tool
+  writing to the bucket hide every checkpoint. Objects whose names are not
+  valid keys (the probe's dot-named keys, foreign uploads) are skipped.
+* **No rename.** S3 has no atomic rename: ``atomic_rename`` is false and
+  ``rename_prefix`` raises :class:`UnsupportedOperationError`.
+
+Errors are :class:`~mouthguard.errors.TierError` subclasses whose message names
+the object, the bucket and the endpoint, and never a credential.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import obstore
+import obstore.exceptions
+from obstore.store import S3Store
+
+from mouthguard.errors import InvalidKeyError, ObjectExistsError, ObjectNotFoundError, TierError
+from mouthguard.tiers.base import (
+    BytesLike,
+    ObjectInfo,
+    PutData,
+    PutMode,
+    Tier,
+    TierCapabilities,
+    iter_buffers,
+)
+from mouthguard.tiers.keys import validate_key, validate_prefix
+from mouthguard.tiers.memory import check_range, validate_dir_prefix
+from mouthguard.tiers.s3_control import (
+    OBSTORE_ERRORS,
+    Credentials,
+    S3Control,
+    S3Probe,
+    check_tags,
+    parse_s3_url,
+    short_reason,
+)
+
+if TYPE_CHECKING:
+    from obstore import GetOptions, GetResult
+    from obstore.store import S3Config
+
+__all__ = ["S3Probe", "S3Tier"]
+
+MiB = 1024 * 1024
+#: S3's smallest part (except the last) and largest single PUT.
+MIN_PART_SIZE, MAX_PART_SIZE = 5 * MiB, 5 * 1024 * MiB
+#: ``annotate`` writes tag ``importance`` as S3 tag ``mouthguard-importance``.
+TAG_PREFIX = "mouthguard-"
+# Granularity of the copy into a read_into target: bounds the bytes in flight.
+_READ_CHUNK = 4 * MiB
+
+
+class S3Tier(Tier):
+    """A tier over an S3 bucket (AWS, Ceph RGW, MinIO, ...), optionally under a prefix.
+
+    Opening the tier checks that the bucket exists (a missing bucket or a dead
+    endpoint fails within seconds) and probes what the server really does; the
+    findings are in :attr:`probe` and in :attr:`capabilities`.
+
+    Args:
+        url: ``s3://bucket`` or ``s3://bucket/prefix``; keys live under the prefix.
+        name: the tier's name in the store configuration.
+        domain: the failure domain of the bucket.
+        endpoint: ``http(s)://host:port`` of an S3-compatible server; default
+            ``$AWS_ENDPOINT_URL_S3``, ``$AWS_ENDPOINT_URL``, else AWS itself.
+            Plain HTTP is allowed only when the endpoint says ``http://``.
+        region: default ``$AWS_REGION``, ``$AWS_DEFAULT_REGION``, else ``us-east-1``.
+        access_key_id: default ``$AWS_ACCESS_KEY_ID``; with neither, the SDKs'
+            default credential chains apply (instance profiles, ...).
+        secret_access_key: default ``$AWS_SECRET_ACCESS_KEY``.
+        session_token: default ``$AWS_SESSION_TOKEN``.
+        max_retries: retries of a failed request (throttling, 5xx, connection
+            errors, timeouts), with exponential backoff and jitter.
+        retry_timeout: seconds after a request's first attempt when retrying stops.
+        backoff_initial: first backoff delay in seconds (doubling up to ``backoff_max``).
+        backoff_max: longest backoff delay in seconds.
+        connect_timeout: seconds to establish a connection.
+        request_timeout: seconds for one whole request, body included (one part
+            of a multipart upload, or a whole single PUT or GET).
+        part_size: bytes per multipart part (>= 5 MiB); larger objects use multipart.
+        max_concurrency: parts uploaded at once; memory in flight is about
+            ``part_size * (max_concurrency + 2)``.
+
+    Attributes:
+        bucket: the bucket name.
+        prefix: the key prefix inside the bucket, ``""`` or ending with ``/``.
+        probe: what the open-time probe measured (:class:`S3Probe`).
+
+    Raises:
+        TierError: the URL or endpoint is malformed, the bucket does not exist,
+            the endpoint cannot be reached, or access is denied.
+        ValueError: a numeric setting is out of range.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        name: str = "s3",
+        domain: str = "s3",
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        max_retries: int = 5,
+        retry_timeout: float = 60.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        connect_timeout: float = 5.0,
+        request_timeout: float = 300.0,
+        part_size: int = 16 * MiB,
+        max_concurrency: int = 4,
+    ) -> None:
+        super().__init__(name, domain)
+        if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
+            raise ValueError(f"part_size must be between 5 MiB and 5 GiB, got {part_size}")
+        if max_concurrency < 1 or max_retries < 0:
+            raise ValueError("max_concurrency must be >= 1 and max_retries >= 0")
+        if min(retry_timeout, backoff_initial, backoff_max, connect_timeout, request_timeout) <= 0:
+            raise ValueError("timeouts and backoff delays must be positive")
+        self.bucket, self.prefix = parse_s3_url(url)
+        self._part_size, self._max_concurrency = part_size, max_concurrency
+        env = os.environ.get
+        endpoint = endpoint or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL") or None
+        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+            raise TierError(f"S3 endpoint must start with http:// or https://, got {endpoint!r}")
+        region = region or env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1"
+        self._credentials = creds = Credentials(
+            access_key_id if access_key_id is not None else env("AWS_ACCESS_KEY_ID"),
+            secret_access_key if secret_access_key is not None else env("AWS_SECRET_ACCESS_KEY"),
+            session_token if session_token is not None else env("AWS_SESSION_TOKEN"),
+        )
+        self._control = S3Control(
+            bucket=self.bucket,
+            prefix=self.prefix,
+            endpoint=endpoint,
+            region=region,
+            credentials=creds,
+            connect_timeout=connect_timeout,
+            read_timeout=request_timeout,
+            max_attempts=max_retries + 1,
+        )
+        self.endpoint = self._control.endpoint
+        config: S3Config = {"region": region}
+        if endpoint is not None:
+            config["endpoint"] = endpoint
+        if creds.access_key_id is not None and creds.secret_access_key is not None:
+            config["access_key_id"] = creds.access_key_id
+            config["secret_access_key"] = creds.secret_access_key
+        if creds.session_token:
+            config["session_token"] = creds.session_token
+        seconds = dt.timedelta
+        try:
+            self._store = S3Store(
+                self.bucket,
+                prefix=self.prefix.rstrip("/") or None,
+                config=config,
+                client_options={
+                    "allow_http": endpoint is not None and endpoint.startswith("http://"),
+                    "connect_timeout": seconds(seconds=connect_timeout),
+                    "timeout": seconds(seconds=request_timeout),
+                },
+                retry_config={
+                    "max_retries": max_retries,
+                    "retry_timeout": seconds(seconds=retry_timeout),
+                    "backoff": {
+                        "init_backoff": seconds(seconds=backoff_initial),
+                        "max_backoff": seconds(seconds=backoff_max),
+                        "base": 2,
+                    },
+                },
+            )
+        except OBSTORE_ERRORS as exc:
+            reason = short_reason(str(exc), creds)
+            raise TierError(f"cannot configure the S3 store for {self.endpoint}: {reason}") from exc
+        self._control.check_bucket()
+        self.probe: S3Probe = self._control.probe(self._store)
+        self._capabilities = TierCapabilities(
+            atomic_rename=False,
+            conditional_put=self.probe.conditional_put,
+            object_lock=self.probe.object_lock,
+            durable=True,
+            persistent=True,
+        )
+
+    @property
+    def capabilities(self) -> TierCapabilities:
+        """No atomic rename; conditional put and object lock as probed; durable."""
+        return self._capabilities
+
+    def location(self, prefix: str = "") -> str:
+        """Return ``s3://bucket/<tier prefix><prefix>``."""
+        validate_prefix(prefix)
+        return f"s3://{self.bucket}/{self.prefix}{prefix}"
+
+    def __repr__(self) -> str:
+        return (
+            f"S3Tier(name={self.name!r}, location={self.location()!r}, endpoint={self.endpoint!r})"
+        )
+
+    def _fail(self, op: str, key: str, exc: Exception) -> TierError:
+        """A TierError for obstore's ``exc``, naming the object and the endpoint."""
+        where = f"cannot {op} {key!r} ({self.location()}{key} at {self.endpoint})"
+        if isinstance(exc, FileNotFoundError) and op != "store":
+            return ObjectNotFoundError(f"{where}: no such object")
+        if isinstance(
+            exc, obstore.exceptions.AlreadyExistsError | obstore.exceptions.PreconditionError
+        ):
+            return ObjectExistsError(f"{where}: it already exists")
+        if isinstance(
+            exc, obstore.exceptions.PermissionDeniedError | obstore.exceptions.UnauthenticatedError
+        ):
+            return TierError(f"{where}: access denied; check the credentials")
+        return TierError(f"{where}: {short_reason(str(exc), self._credentials)}")
+
+    # --- the data plane --------------------------------------------------------------
+
+    def put(
+        self,
+        key: str,
+        data: PutData,
+        *,
+        mode: PutMode = PutMode.OVERWRITE,
+        tags: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
+        """Store ``data`` under ``key``, all-or-nothing (see the module docstring).
+
+        Args:
+            key: the object key.
+            data: one buffer or an iterable of buffers.
+            mode: ``CREATE`` refuses an existing key (atomic where
+                ``capabilities.conditional_put``; single PUT, held in memory).
+            tags: S3 object tags to store with the object: in the same request
+                for a single PUT, set right after completion for a multipart upload.
+
+        Raises:
+            InvalidKeyError: ``key`` is invalid.
+            ObjectExistsError: ``mode`` is CREATE and ``key`` exists.
+            TierError: the upload failed (nothing is published), or the tags of a
+                multipart object could not be set (the object itself is stored).
+        """
+        validate_key(key)
+        tag_dict = check_tags(tags)
+        if mode is PutMode.CREATE and not self._capabilities.conditional_put and self.exists(key):
+            raise ObjectExistsError(f"object {key!r} already exists in {self.location()}")
+        create = mode is PutMode.CREATE
+        stream: PartStream | None = None
+        if isinstance(data, bytes | bytearray | memoryview):
+            payload: BytesLike | Iterator[bytearray] = memoryview(data).cast("B")
+            size = memoryview(data).nbytes
+            multipart = size > self._part_size and not create
+        else:
+            stream = PartStream(data, self._part_size)
+            parts = stream.first_parts()  # the caller's errors surface here, before any I/O
+            multipart = len(parts) > 1 and not create
+            payload = parts[0] if len(parts) == 1 else stream.all_parts(parts)
+        try:
+            obstore.put(
+                self._store,
+                key,
+                payload,
+                mode="create" if create else "overwrite",
+                tags=None if multipart else tag_dict,
+                use_multipart=multipart,
+                chunk_size=self._part_size,
+                max_concurrency=self._max_concurrency,
+            )
+        except Exception as exc:
+            if stream is not None and stream.error is not None:
+                raise stream.error from None  # the caller's own failure, unchanged
+            if isinstance(exc, OBSTORE_ERRORS):
+                raise self._fail("store", key, exc) from exc
+            raise
+        if multipart and tag_dict:
+            self._control.put_tags(key, tag_dict)  # on failure: stored, but untagged
+        return ObjectInfo(key, size if stream is None else stream.size, None)
+
+    def _open_range(self, key: str, start: int, end: int | None) -> GetResult | None:
+        """Start a GET of ``[start, end)``; ``None`` for a valid empty range."""
+        validate_key(key)
+        if start < 0 or (end is not None and end < start):
+            raise TierError(f"invalid byte range [{start}, {end}) for {key!r}")
+        if end == start:
+            check_range(key, self.head(key).size, start, end)
+            return None
+        options: GetOptions = {}
+        if end is not None:
+            options["range"] = (start, end)
+        elif start:
+            options["range"] = {"offset": start}
+        try:
+            result = obstore.get(self._store, key, options=options)
+        except OBSTORE_ERRORS as exc:
+            if options and not isinstance(exc, FileNotFoundError):
+                # Probably 416 (start at or past the end): judge with the real size.
+                size = self.head(key).size
+                check_range(key, size, start, end)
+                if start == size:
+                    return None  # an empty read at the very end
+            raise self._fail("read", key, exc) from exc
+        check_range(key, result.meta["size"], start, end)
+        return result
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Return bytes ``[start, end)`` of the object (one ranged GET).
+
+        Raises:
+            InvalidKeyError: ``key`` is invalid.
+            ObjectNotFoundError: no object under ``key``.
+            TierError: the range is negative, reversed or runs past the end.
+        """
+        result = self._open_range(key, start, end)
+        if result is None:
+            return b""
+        try:
+            return bytes(result.bytes())
+        except OBSTORE_ERRORS as exc:
+            raise self._fail("read", key, exc) from exc
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        """Stream the object's bytes from ``offset`` straight into ``out``, in 4 MiB pieces.
+
+        Raises:
+            InvalidKeyError: ``key`` is invalid.
+            ObjectNotFoundError: no object under ``key``.
+            TierError: the range runs past the end, or the body ended early.
+        """
+        target = out.cast("B")
+        result = self._open_range(key, offset, offset + target.nbytes)
+        if result is None:
+            return
+        pos = 0
+        try:
+            for chunk in result.stream(min_chunk_size=_READ_CHUNK):
+                piece = memoryview(chunk).cast("B")
+                if pos + piece.nbytes > target.nbytes:
+                    raise TierError(f"the server sent more bytes of {key!r} than asked for")
+                target[pos : pos + piece.nbytes] = piece
+                pos += piece.nbytes
+        except OBSTORE_ERRORS as exc:
+            raise self._fail("read", key, exc) from exc
+        if pos != target.nbytes:
+            raise TierError(
+                f"short read of {key!r} in {self.location()}: got {pos} of {target.nbytes} bytes"
+            )
+
+    def head(self, key: str) -> ObjectInfo:
+        """Return the object's size and last-modified time, or raise ObjectNotFoundError."""
+        validate_key(key)
+        try:
+            meta = obstore.head(self._store, key)
+        except OBSTORE_ERRORS as exc:
+            raise self._fail("head", key, exc) from exc
+        return ObjectInfo(key, meta["size"], meta["last_modified"].timestamp())
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Return an iterator over the sorted keys starting with ``prefix`` (a snapshot).
+
+        Objects whose names are not valid keys are skipped (see the module docstring).
+        """
+        validate_prefix(prefix)
+        return iter(sorted(key for key in self._control.list_keys(prefix) if _is_key(key)))
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """Return the sorted names ``n`` such that an object lives below ``prefix + n + "/"``.
+
+        Raises:
+            InvalidKeyError: ``prefix`` is invalid or neither empty nor ``/``-terminated.
+        """
+        validate_dir_prefix(prefix)
+        names = (common.removesuffix("/") for common in self._control.common_prefixes(prefix))
+        return sorted(name for name in names if _is_key(name) and "/" not in name)
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; return whether it existed.
+
+        On a versioned bucket (Object Lock included) this writes a delete marker:
+        older versions, held or retained ones among them, stay until deleted by
+        version (:meth:`object_versions` lists them).
+        """
+        if not self.exists(key):  # S3's DELETE does not say whether anything was there
+            return False
+        try:
+            obstore.delete(self._store, key)
+        except OBSTORE_ERRORS as exc:
+            raise self._fail("delete", key, exc) from exc
+        return True
+
+    def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
+        """Abort multipart uploads under ``prefix`` started more than ``older_than_seconds`` ago.
+
+        A writer killed mid-upload leaves its parts stored (and billed) but
+        invisible. Younger uploads may belong to a writer still in flight and are
+        kept. Returns how many uploads were aborted.
+        """
+        validate_prefix(prefix)
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_seconds)
+        return self._control.abort_stale_uploads(prefix, cutoff)
+
+    # --- the control plane (botocore) ------------------------------------------------
+
+    def set_tags(self, key: str, tags: Mapping[str, str]) -> None:
+        """Replace the object's S3 tag set with ``tags``."""
+        self._control.put_tags(validate_key(key), check_tags(tags) or {})
+
+    def get_tags(self, key: str) -> dict[str, str]:
+        """The object's S3 tag set."""
+        return self._control.get_tags(validate_key(key))
+
+    def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
+        """Merge ``tags`` into the object's S3 tags as ``mouthguard-<tag>``; return True."""
+        current = self.get_tags(key)
+        current.update({TAG_PREFIX + name: value for name, value in tags.items()})
+        self.set_tags(key, current)
+        return True
+
+    def annotations(self, key: str) -> dict[str, str]:
+        """The object's ``mouthguard-<tag>`` S3 tags, without the prefix."""
+        tags = self.get_tags(key)
+        return {k[len(TAG_PREFIX) :]: v for k, v in tags.items() if k.startswith(TAG_PREFIX)}
+
+    def set_legal_hold(self, key: str, on: bool) -> bool:
+        """Place (``on``) or lift the Object Lock legal hold on the object's latest version.
+
+        Returns False, sending nothing, where the bucket has no Object Lock.
+
+        Raises:
+            ObjectNotFoundError: no object under ``key``.
+        """
+        validate_key(key)
+        if not self._capabilities.object_lock:
+            return False
+        self._control.put_legal_hold(key, on)
+        return True
+
+    def legal_hold(self, key: str) -> bool:
+        """Whether a legal hold is on the object's latest version (False without Object Lock)."""
+        validate_key(key)
+        return self._capabilities.object_lock and self._control.get_legal_hold(key)
+
+    def object_versions(self, key: str) -> builtins.list[str]:
+        """Version ids of ``key``, newest first (``"null"`` on unversioned buckets)."""
+        return self._control.versions(validate_key(key))
+
+
+class PartStream:
+    """Regroups a caller's stream of buffers into private copies of ``part_size`` bytes.
+
+    Attributes:
+        size: bytes taken from the caller's stream so far.
+        error: what the caller's stream raised, if it did (``put`` re-raises it).
+    """
+
+    def __init__(self, data: Iterable[BytesLike], part_size: int) -> None:
+        self._chunks = iter_buffers(data)
+        self._part_size = part_size
+        # The rest of a chunk that straddles a part boundary. The caller's generator
+        # stays suspended until it is used up, so its buffer cannot change meanwhile.
+        self._pending: memoryview | None = None
+        self.size = 0
+        self.error: BaseException | None = None
+
+    def _next_part(self) -> bytearray | None:
+        part = bytearray()
+        while len(part) < self._part_size:
+            view, self._pending = self._pending, None
+            if view is None:
+                try:
+                    view = next(self._chunks)
+                except StopIteration:
+                    break
+                except BaseException as exc:
+                    self.error = exc
+                    raise
+            take = min(view.nbytes, self._part_size - len(part))
+            part += view[:take]
+            if take < view.nbytes:
+                self._pending = view[take:]
+        self.size += len(part)
+        return part if part else None
+
+    def first_parts(self) -> builtins.list[bytearray]:
+        """The first part, plus the second if there is one (then the upload is multipart)."""
+        first = self._next_part() or bytearray()
+        second = self._next_part() if len(first) == self._part_size else None
+        return [first] if second is None else [first, second]
+
+    def all_parts(self, first: builtins.list[bytearray]) -> Iterator[bytearray]:
+        """Yield ``first``, then the remaining parts of the stream."""
+        yield from first
+        while (part := self._next_part()) is not None:
+            yield part
+
+
+def _is_key(key: str) -> bool:
+    try:
+        validate_key(key)
+    except InvalidKeyError:
+        return False
+    return True

@@ -1,0 +1,376 @@
+"""S3Tier against a real S3 server: the conformance suite, plus what only S3 has.
+
+The server is the session's ``s3_server`` (a throwaway Ceph RGW on 127.0.0.1
+unless ``MOUTHGUARD_TEST_S3_ENDPOINT`` names another). Every test gets a fresh
+bucket, so tests never see each other's objects.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterator
+
+import pytest
+from botocore.exceptions import ClientError
+
+from mouthguard.errors import ObjectExistsError, ObjectNotFoundError, TierError
+from mouthguard.tiers.base import PutMode, Tier
+from mouthguard.tiers.s3 import S3Tier
+from tests.s3.fixtures import S3Bucket, S3Server
+
+from .conformance import MiB, TierConformance, payload
+
+
+class TestS3TierPlainBucket(TierConformance):
+    @pytest.fixture
+    def make_tier(self, s3_bucket: S3Bucket) -> Callable[[], Tier]:
+        return s3_bucket.tier
+
+
+class TestS3TierObjectLockBucket(TierConformance):
+    @pytest.fixture
+    def make_tier(self, s3_lock_bucket: S3Bucket) -> Callable[[], Tier]:
+        return s3_lock_bucket.tier
+
+
+# --- what the probe measures -------------------------------------------------------
+
+
+def key_of(bucket: S3Bucket, key: str) -> str:
+    return bucket.prefix + key
+
+
+def measure_if_none_match(bucket: S3Bucket) -> bool:
+    """Ask the server directly (boto3, not obstore) whether it refuses a second create."""
+    client = bucket.server.client()
+    key = f"{bucket.prefix}measure/if-none-match"
+    client.put_object(Bucket=bucket.name, Key=key, Body=b"1", IfNoneMatch="*")
+    try:
+        client.put_object(Bucket=bucket.name, Key=key, Body=b"2", IfNoneMatch="*")
+    except ClientError as exc:
+        status = exc.response["ResponseMetadata"]["HTTPStatusCode"]
+        return bool(status in (409, 412))
+    return False
+
+
+def no_versions_left(bucket: S3Bucket) -> bool:
+    listing = bucket.server.client().list_object_versions(Bucket=bucket.name, Prefix=bucket.prefix)
+    return not listing.get("Versions") and not listing.get("DeleteMarkers")
+
+
+def test_probe_plain_bucket(s3_bucket: S3Bucket) -> None:
+    tier = s3_bucket.tier()
+    probe = tier.probe
+    assert no_versions_left(s3_bucket), "the probe must remove its objects"
+    assert probe.conditional_put == measure_if_none_match(s3_bucket)
+    assert not probe.object_lock
+    assert not tier.capabilities.object_lock
+    assert tier.capabilities.conditional_put == probe.conditional_put
+    assert tier.capabilities.durable and tier.capabilities.persistent
+    assert not tier.capabilities.atomic_rename
+    if s3_bucket.server.is_local_ceph and not s3_bucket.prefix:
+        # Measured on Ceph RGW 16.2.15 (Debian): a plain bucket honours If-None-Match.
+        assert probe.conditional_put, f"{s3_bucket.server.version}: plain bucket, {probe}"
+        assert probe.versioning == "Off"
+    assert any("conditional put" in line for line in probe.lines())
+
+
+def test_probe_object_lock_bucket(s3_lock_bucket: S3Bucket) -> None:
+    tier = s3_lock_bucket.tier()
+    probe = tier.probe
+    assert no_versions_left(s3_lock_bucket), "the probe must remove every version it made"
+    assert probe.object_lock and tier.capabilities.object_lock
+    assert probe.versioning == "Enabled"
+    assert probe.conditional_put == measure_if_none_match(s3_lock_bucket)
+    assert tier.capabilities.conditional_put == probe.conditional_put
+    if s3_lock_bucket.server.is_local_ceph:
+        # Measured on Ceph RGW 16.2.15 (Debian): Object-Lock (versioned) buckets IGNORE
+        # If-None-Match, a second create-only put simply adds a version.
+        assert not probe.conditional_put, f"{s3_lock_bucket.server.version}: lock bucket, {probe}"
+        assert any("IGNORED" in note for note in probe.notes)
+
+
+def test_probe_versioned_bucket(s3_bucket: S3Bucket) -> None:
+    if s3_bucket.prefix:
+        pytest.skip("would change the versioning of the shared bucket")
+    client = s3_bucket.server.client()
+    client.put_bucket_versioning(
+        Bucket=s3_bucket.name, VersioningConfiguration={"Status": "Enabled"}
+    )
+    probe = s3_bucket.tier().probe
+    assert no_versions_left(s3_bucket), "the probe must remove every version it made"
+    assert probe.versioning == "Enabled" and not probe.object_lock
+    assert probe.conditional_put == measure_if_none_match(s3_bucket)
+    if s3_bucket.server.is_local_ceph:
+        # Measured on Ceph RGW 16.2.15 (Debian): versioning alone makes RGW ignore If-None-Match.
+        assert not probe.conditional_put, f"{s3_bucket.server.version}: versioned bucket, {probe}"
+
+
+@pytest.mark.parametrize("mode", ["GOVERNANCE", "COMPLIANCE"])
+def test_probe_under_default_retention_leaves_nothing(s3_lock_bucket: S3Bucket, mode: str) -> None:
+    if s3_lock_bucket.prefix:
+        pytest.skip("would change the retention rule of the shared bucket")
+    s3_lock_bucket.server.client().put_object_lock_configuration(
+        Bucket=s3_lock_bucket.name,
+        ObjectLockConfiguration={
+            "ObjectLockEnabled": "Enabled",
+            "Rule": {"DefaultRetention": {"Mode": mode, "Days": 1}},
+        },
+    )
+    probe = s3_lock_bucket.tier().probe
+    assert probe.default_retention == f"{mode} 1 DAYS"
+    assert no_versions_left(s3_lock_bucket), probe.notes
+    if mode == "COMPLIANCE":
+        assert not probe.conditional_put
+        assert any("not measured" in note for note in probe.notes)
+
+
+def test_create_without_conditional_put_still_refuses_sequential_creates(
+    s3_lock_bucket: S3Bucket,
+) -> None:
+    tier = s3_lock_bucket.tier()
+    tier.put("m/manifest.json", b"{}", mode=PutMode.CREATE)
+    with pytest.raises(ObjectExistsError):
+        tier.put("m/manifest.json", b"{1}", mode=PutMode.CREATE)
+    assert tier.get("m/manifest.json") == b"{}"
+    assert len(tier.object_versions("m/manifest.json")) == 1
+
+
+# --- multipart -----------------------------------------------------------------------
+
+
+def etag_parts(bucket: S3Bucket, key: str) -> int:
+    """How many parts S3 says the object was uploaded in (1 for a single PUT)."""
+    head = bucket.server.client().head_object(Bucket=bucket.name, Key=key_of(bucket, key))
+    etag = head["ETag"].strip('"')
+    return int(etag.rsplit("-", 1)[1]) if "-" in etag else 1
+
+
+def test_multipart_roundtrip_is_byte_exact(s3_bucket: S3Bucket) -> None:
+    tier = s3_bucket.tier(part_size=8 * MiB)
+    data = payload(24 * MiB + 123, seed=24)
+    chunks = (memoryview(data)[i : i + 3 * MiB] for i in range(0, len(data), 3 * MiB))
+    info = tier.put("mp/blob", chunks, tags={"mouthguard-importance": "milestone"})
+    assert info.size == len(data)
+    assert tier.head("mp/blob").size == len(data)
+    assert etag_parts(s3_bucket, "mp/blob") == 4  # 24 MiB + 123 B in 8 MiB parts
+    assert tier.get("mp/blob") == data
+    out = bytearray(9 * MiB)
+    tier.read_into("mp/blob", 7 * MiB + 5, memoryview(out))
+    assert out == data[7 * MiB + 5 : 16 * MiB + 5]
+    assert tier.get_tags("mp/blob") == {"mouthguard-importance": "milestone"}
+    # One chunk spanning several parts, and one big buffer (sliced, not copied).
+    tier.put("mp/big-chunk", [data[:1], memoryview(data)[1 : 17 * MiB]])
+    tier.put("mp/one-buffer", memoryview(data)[: 17 * MiB])
+    for key in ("mp/big-chunk", "mp/one-buffer"):
+        assert tier.get(key) == data[: 17 * MiB]
+        assert etag_parts(s3_bucket, key) == 3
+    # At most one part: a single PUT.
+    tier.put("mp/small", (memoryview(data)[i : i + MiB] for i in range(0, 8 * MiB, MiB)))
+    assert etag_parts(s3_bucket, "mp/small") == 1
+
+
+def test_multipart_reused_buffer_and_failing_source(s3_bucket: S3Bucket) -> None:
+    tier = s3_bucket.tier(part_size=5 * MiB)
+    buf = bytearray(MiB)
+
+    def refill(count: int, fail: bool = False) -> Iterator[bytearray]:
+        for i in range(count):
+            buf[:] = bytes([i]) * MiB
+            yield buf
+        if fail:
+            raise RuntimeError("source died late")
+
+    tier.put("reused", refill(12))
+    assert tier.get("reused") == b"".join(bytes([i]) * MiB for i in range(12))
+    with pytest.raises(RuntimeError, match="source died late"):
+        tier.put("broken", refill(12, fail=True))
+    assert not tier.exists("broken")
+    uploads = s3_bucket.server.client().list_multipart_uploads(Bucket=s3_bucket.name)
+    assert not uploads.get("Uploads"), "a failed stream must abort its multipart upload"
+
+
+# --- tags, holds, versions ---------------------------------------------------------
+
+
+def test_tags_on_put_are_s3_object_tags(s3_bucket: S3Bucket) -> None:
+    tier = s3_bucket.tier()
+    tier.put("t/obj", b"data", tags={"mouthguard-importance": "critical", "team": "llm"})
+    tagging = s3_bucket.server.client().get_object_tagging(
+        Bucket=s3_bucket.name, Key=key_of(s3_bucket, "t/obj")
+    )
+    assert {t["Key"]: t["Value"] for t in tagging["TagSet"]} == {
+        "mouthguard-importance": "critical",
+        "team": "llm",
+    }
+    tier.set_tags("t/obj", {"a": "1"})
+    assert tier.get_tags("t/obj") == {"a": "1"}
+    assert tier.annotate("t/obj", {"importance": "golden"})
+    assert tier.get_tags("t/obj") == {"a": "1", "mouthguard-importance": "golden"}
+    assert tier.annotations("t/obj") == {"importance": "golden"}
+    with pytest.raises(ObjectNotFoundError, match="t/missing"):
+        tier.get_tags("t/missing")
+
+
+def test_legal_hold_on_and_off(s3_lock_bucket: S3Bucket) -> None:
+    tier = s3_lock_bucket.tier()
+    client = s3_lock_bucket.server.client()
+    tier.put("h/golden", b"keep me")
+    ref = {"Bucket": s3_lock_bucket.name, "Key": key_of(s3_lock_bucket, "h/golden")}
+    assert tier.legal_hold("h/golden") is False
+    assert tier.set_legal_hold("h/golden", True) is True
+    assert client.get_object_legal_hold(**ref)["LegalHold"]["Status"] == "ON"
+    assert tier.legal_hold("h/golden") is True
+    assert tier.set_legal_hold("h/golden", False) is True
+    assert client.get_object_legal_hold(**ref)["LegalHold"]["Status"] == "OFF"
+    assert tier.legal_hold("h/golden") is False
+    with pytest.raises(ObjectNotFoundError):
+        tier.set_legal_hold("h/missing", True)
+
+
+def test_legal_hold_needs_object_lock(s3_bucket: S3Bucket) -> None:
+    tier = s3_bucket.tier()
+    tier.put("h/x", b"x")
+    assert tier.set_legal_hold("h/x", True) is False
+    assert tier.legal_hold("h/x") is False
+
+
+def test_object_versions(s3_lock_bucket: S3Bucket) -> None:
+    tier = s3_lock_bucket.tier()
+    tier.put("v/obj", b"one")
+    tier.put("v/obj", b"two")
+    tier.put("v/objx", b"other key, same string prefix")
+    versions = tier.object_versions("v/obj")
+    assert len(versions) == 2
+    client = s3_lock_bucket.server.client()
+    newest = client.get_object(
+        Bucket=s3_lock_bucket.name, Key=key_of(s3_lock_bucket, "v/obj"), VersionId=versions[0]
+    )
+    assert newest["Body"].read() == b"two"
+
+
+# --- prefixes, debris ----------------------------------------------------------------
+
+
+def test_keys_live_under_the_url_prefix(s3_bucket: S3Bucket) -> None:
+    tier = S3Tier(f"{s3_bucket.url}deep/er", **s3_bucket.server.tier_options())
+    tier.put("a/b", b"x")
+    client = s3_bucket.server.client()
+    listed = client.list_objects_v2(Bucket=s3_bucket.name, Prefix=s3_bucket.prefix)
+    assert [o["Key"] for o in listed["Contents"]] == [f"{s3_bucket.prefix}deep/er/a/b"]
+    assert tier.location("a/") == f"s3://{s3_bucket.name}/{s3_bucket.prefix}deep/er/a/"
+    assert list(tier.list()) == ["a/b"]
+    assert s3_bucket.tier().list_dirs() == ["deep"]
+
+
+def test_foreign_and_probe_names_are_invisible(s3_bucket: S3Bucket) -> None:
+    # A probe left behind by a killed process, or objects another tool wrote with
+    # names that are not valid keys, must not show up as objects.
+    client = s3_bucket.server.client()
+    for name in [".mouthguard-probe/0123", "bad name", "dir/.hidden", "x//y"]:
+        client.put_object(Bucket=s3_bucket.name, Key=key_of(s3_bucket, name), Body=b"?")
+    tier = s3_bucket.tier()
+    tier.put("dir/ok", b"ok")
+    assert list(tier.list()) == ["dir/ok"]
+    assert list(tier.list("dir/")) == ["dir/ok"]
+    assert tier.list_dirs() == ["dir", "x"]  # "x//y" lives below "x/"; its key is invalid
+
+
+def test_collect_incomplete_aborts_abandoned_uploads(s3_bucket: S3Bucket) -> None:
+    tier = s3_bucket.tier()
+    client = s3_bucket.server.client()
+    upload = client.create_multipart_upload(
+        Bucket=s3_bucket.name, Key=key_of(s3_bucket, "run/000001/rank-0")
+    )
+    client.upload_part(
+        Bucket=s3_bucket.name,
+        Key=key_of(s3_bucket, "run/000001/rank-0"),
+        UploadId=upload["UploadId"],
+        PartNumber=1,
+        Body=b"x" * 1000,
+    )
+    assert list(tier.list()) == []  # invisible
+    assert tier.collect_incomplete("", 3600) == 0  # too young
+    assert tier.collect_incomplete("other/", 0) == 0  # elsewhere
+    assert tier.collect_incomplete("run/0000", 0) == 1
+    assert not client.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads")
+    assert tier.collect_incomplete("run/", 0) == 0
+
+
+# --- failures: bounded and clear, never leaking credentials ----------------------------
+
+
+def test_missing_bucket_fails_fast(s3_server: S3Server) -> None:
+    started = time.monotonic()
+    with pytest.raises(TierError, match="mg-no-such-bucket") as excinfo:
+        S3Tier("s3://mg-no-such-bucket/x", **s3_server.tier_options())
+    assert time.monotonic() - started < 5
+    assert "does not exist" in str(excinfo.value)
+
+
+def test_dead_endpoint_fails_fast(s3_server: S3Server) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again when the block ends: nobody listens
+    options = {**s3_server.tier_options(), "endpoint": f"http://127.0.0.1:{port}"}
+    started = time.monotonic()
+    with pytest.raises(TierError, match=f"127.0.0.1:{port}"):
+        S3Tier("s3://some-bucket", **options)
+    assert time.monotonic() - started < 10
+
+
+def all_text(exc: BaseException | None) -> str:
+    """The messages of ``exc`` and of every exception chained to it."""
+    texts = []
+    while exc is not None:
+        texts.append("".join(traceback.format_exception_only(exc)))
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(texts)
+
+
+def test_no_credentials_in_reprs_or_errors(s3_bucket: S3Bucket) -> None:
+    server = s3_bucket.server
+    tier = s3_bucket.tier()
+    secrets = [server.secret_key, server.access_key]
+    texts = [repr(tier), str(tier), repr(tier.probe), "\n".join(tier.probe.lines())]
+    with pytest.raises(ObjectNotFoundError) as missing:
+        tier.get("no/such/key")
+    texts.append(all_text(missing.value))
+    assert "no/such/key" in str(missing.value)
+    assert (server.endpoint or "AWS") in str(missing.value)
+    wrong = {**server.tier_options(), "secret_access_key": "wrong-secret-6f1d2c"}
+    with pytest.raises(TierError, match="access denied") as denied:
+        S3Tier(s3_bucket.url, **wrong)
+    texts.append(all_text(denied.value))
+    secrets.append("wrong-secret-6f1d2c")
+    with pytest.raises(TierError) as in_url:
+        S3Tier("s3://key:hunter2@bucket/x", **server.tier_options())
+    texts.append(all_text(in_url.value))
+    secrets.append("hunter2")
+    for text in texts:
+        for secret in secrets:
+            assert secret not in text
+
+
+def test_credentials_default_to_the_aws_environment(
+    s3_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = s3_bucket.server
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+    monkeypatch.setenv("AWS_REGION", server.region)
+    if server.endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    tier = S3Tier(s3_bucket.url, max_retries=1)
+    tier.put("env", b"ok")
+    assert tier.get("env") == b"ok"
+
+
+@pytest.mark.parametrize(
+    "url", ["http://bucket/x", "s3://", "s3://b/../x", "s3://bucket/a//b", "s3://bucket?x=1"]
+)
+def test_bad_urls(url: str) -> None:
+    with pytest.raises(TierError):
+        S3Tier(url, endpoint="http://127.0.0.1:1", access_key_id="a", secret_access_key="b")
