@@ -27,7 +27,7 @@ def _dir(store: mouthguard.Store, tier: str, run: str, step: int) -> Path:
 
 
 def test_routine_gets_a_second_verified_copy_in_another_domain(two_tier: mouthguard.Store) -> None:
-    ckpt = mouthguard.Checkpointer(two_tier, run="r")
+    ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
     ckpt.save(1, {"w": torch.arange(1000.0)}, importance="routine")
     report = Replicator(two_tier).run_once()
     assert [(c.source, c.destination) for c in report.copies] == [("fast", "durable")]
@@ -43,7 +43,7 @@ def test_routine_gets_a_second_verified_copy_in_another_domain(two_tier: mouthgu
 
 
 def test_critical_goes_to_every_durable_tier_with_its_facts(three_tier: mouthguard.Store) -> None:
-    ckpt = mouthguard.Checkpointer(three_tier, run="r")
+    ckpt = mouthguard.Checkpointer(three_tier, run="r", background=False)
     ckpt.save(7, {"w": torch.ones(10)}, importance="routine")
     ckpt.set_importance(7, "golden", reason="release candidate")
     ckpt.hold(7, "legal", reason="audit")
@@ -65,14 +65,14 @@ def test_single_domain_store_reports_the_shortfall(tmp_path: Path) -> None:
     from tests.jobs.conftest import make_store  # noqa: PLC0415
 
     store = make_store(tmp_path / "one", ("fast", "node-a"), ("other", "node-a"))
-    mouthguard.Checkpointer(store, run="r").save(1, {"w": torch.ones(3)})
+    mouthguard.Checkpointer(store, run="r", background=False).save(1, {"w": torch.ones(3)})
     report = Replicator(store).run_once()
     assert report.protected == 0
     assert report.shortfalls and "domain" in report.shortfalls[0].reason
 
 
 def test_a_damaged_source_is_set_aside_never_copied(two_tier: mouthguard.Store) -> None:
-    ckpt = mouthguard.Checkpointer(two_tier, run="r")
+    ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
     ckpt.save(1, {"w": torch.arange(5000.0)})
     flip_byte(_dir(two_tier, "fast", "r", 1) / "rank-00000.safetensors", -3)
     report = Replicator(two_tier).run_once()
@@ -85,7 +85,7 @@ def test_a_damaged_source_is_set_aside_never_copied(two_tier: mouthguard.Store) 
 
 
 def test_copy_source_damage_is_a_distinct_error(two_tier: mouthguard.Store) -> None:
-    mouthguard.Checkpointer(two_tier, run="r").save(1, {"w": torch.arange(100.0)})
+    mouthguard.Checkpointer(two_tier, run="r", background=False).save(1, {"w": torch.arange(100.0)})
     flip_byte(_dir(two_tier, "fast", "r", 1) / "rank-00000.safetensors", -1)
     with pytest.raises(SourceDamagedError, match="corrupt"):
         copy_checkpoint(two_tier.tier("fast"), two_tier.tier("durable"), "r", 1)
@@ -105,7 +105,7 @@ class _CorruptingTier(ThrottledTier):
 def test_read_back_failure_on_destination_does_not_blame_the_source(
     two_tier: mouthguard.Store,
 ) -> None:
-    mouthguard.Checkpointer(two_tier, run="r").save(1, {"w": torch.arange(100.0)})
+    mouthguard.Checkpointer(two_tier, run="r", background=False).save(1, {"w": torch.arange(100.0)})
     bad = _CorruptingTier(two_tier.tier("durable"), write_bytes_per_second=1e12)
     with pytest.raises(FormatError) as caught:
         copy_checkpoint(two_tier.tier("fast"), bad, "r", 1)
@@ -115,7 +115,7 @@ def test_read_back_failure_on_destination_does_not_blame_the_source(
 
 
 def test_a_missing_fast_copy_is_repaired_from_the_durable_one(two_tier: mouthguard.Store) -> None:
-    ckpt = mouthguard.Checkpointer(two_tier, run="r")
+    ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
     ckpt.save(1, {"w": torch.arange(10.0)}, importance="milestone")
     Replicator(two_tier).run_once()
     (_dir(two_tier, "fast", "r", 1) / "rank-00000.safetensors").unlink()
@@ -128,7 +128,9 @@ def test_a_missing_fast_copy_is_repaired_from_the_durable_one(two_tier: mouthgua
 
 
 def test_copying_yields_to_a_save_in_flight(two_tier: mouthguard.Store) -> None:
-    mouthguard.Checkpointer(two_tier, run="r").save(1, {"w": torch.zeros(1 << 20)})
+    mouthguard.Checkpointer(two_tier, run="r", background=False).save(
+        1, {"w": torch.zeros(1 << 20)}
+    )
     gate = BurstGate()
     gate.save_started()
     done = threading.Event()

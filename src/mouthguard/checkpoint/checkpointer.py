@@ -9,6 +9,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
@@ -42,9 +43,13 @@ from mouthguard.errors import (
 )
 from mouthguard.format import typed_json
 from mouthguard.format.manifest import MANIFEST_NAME, Manifest
-from mouthguard.format.state_tree import flatten_state
+from mouthguard.format.state_tree import FlatState, flatten_state
+from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.tiers.base import Tier
+
+if TYPE_CHECKING:
+    from mouthguard.jobs.service import BackgroundService
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +77,24 @@ class Checkpointer:
         store: a :class:`Store`, or a path accepted by :func:`open_store`.
         run: the run's name (a safe path segment).
         with_sha256: also record sha256 of every file (tamper evidence, slower).
+        background: replicate in a background thread of this process (default:
+            whenever the store has more than one tier). Off, replication is left
+            to ``mouthguard agent`` or explicit ``Replicator`` passes.
     """
 
     def __init__(
-        self, store: Store | str | os.PathLike[str], run: str, *, with_sha256: bool = False
+        self,
+        store: Store | str | os.PathLike[str],
+        run: str,
+        *,
+        with_sha256: bool = False,
+        background: bool | None = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
         self.with_sha256 = with_sha256
+        # Replication runs in-process by default wherever there is a second tier.
+        self.background = len(self.store.tiers) > 1 if background is None else background
 
     # --- save ------------------------------------------------------------------
 
@@ -113,6 +128,34 @@ class Checkpointer:
         reference_json = (
             None if reference is None else typed_json.encode(dict(reference), root="reference")
         )
+        service = self._background()
+        if service is not None:
+            service.gate.save_started()  # background copies yield the disk to this burst
+        try:
+            manifest, tier = self._write(step, flat, level, reference_json)
+        finally:
+            if service is not None:
+                service.gate.save_finished()
+        elapsed = time.perf_counter() - started
+        log.info(
+            "saved %s step %d (%s, %d bytes) in %.3f s",
+            self.run,
+            step,
+            level.value,
+            manifest.nbytes,
+            elapsed,
+        )
+        self._hint(CopyRef(tier, self.run, step), level)
+        if service is not None:
+            service.notify_commit(self.run, step)
+        final = catalog.checkpoint_prefix(self.run, step)
+        copy = CopyInfo(tier=tier.name, location=tier.location(final))
+        return CheckpointInfo.from_manifest(manifest, (copy,), save_seconds=elapsed)
+
+    def _write(
+        self, step: int, flat: FlatState, level: Importance, reference: JsonValue
+    ) -> tuple[Manifest, Tier]:
+        """Write and commit one copy on the fast tier (the commit protocol in writer.py)."""
         tier = self.store.fast
         if tier.exists(catalog.manifest_key(self.run, step)):
             self._set_aside_if_damaged(tier, step)
@@ -142,25 +185,41 @@ class Checkpointer:
                 tensors=tuple(tensors),
                 states=(flat.skeleton,),
                 framework=framework_versions(),
-                reference=reference_json,
+                reference=reference,
             )
             commit(tier, staging, final, manifest)
         except BaseException:
             if staging != final:
                 _remove_quietly(tier, staging)
             raise
-        elapsed = time.perf_counter() - started
-        log.info(
-            "saved %s step %d (%s, %d bytes) in %.3f s",
-            self.run,
-            step,
-            level.value,
-            manifest.nbytes,
-            elapsed,
-        )
-        self._hint(CopyRef(tier, self.run, step), level)
-        copy = CopyInfo(tier=tier.name, location=tier.location(final))
-        return CheckpointInfo.from_manifest(manifest, (copy,), save_seconds=elapsed)
+        return manifest, tier
+
+    # --- background replication ------------------------------------------------
+
+    def _background(self) -> BackgroundService | None:
+        """The store's background service, started on first use (None when disabled)."""
+        if not self.background:
+            return None
+        from mouthguard.jobs.service import service_for  # noqa: PLC0415 - jobs sit above checkpoint
+
+        return service_for(self.store)
+
+    def announce(self, seconds_until_save: float, nbytes: int) -> None:
+        """Say a save of ``nbytes`` comes in ``seconds_until_save``: copies yield the disk."""
+        service = self._background()
+        if service is not None:
+            service.gate.announce(seconds_until_save, nbytes)
+
+    def wait_replicated(self, timeout: float = 300.0) -> bool:
+        """Block until background replication has nothing queued or in flight.
+
+        Returns False on timeout (or when background replication is disabled and
+        there is something it would have had to do).
+        """
+        service = self._background()
+        if service is None:
+            return len(self.store.tiers) == 1
+        return service.wait_idle(timeout)
 
     def _set_aside_if_damaged(self, tier: Tier, step: int) -> None:
         """Handle a save onto an already committed step.
@@ -361,6 +420,9 @@ class Checkpointer:
                 log.warning("rejected %s step %d on %s: %s", self.run, step, tier.name, exc)
                 if is_data_damage(exc):
                     self._report_damage(CopyRef(tier, self.run, step), str(exc))
+                    service = self._background()
+                    if service is not None:
+                        service.notify_commit(self.run, step)  # confirm and repair it
                 continue
             copy = CopyInfo(tier=tier.name, location=tier.location(prefix))
             info = CheckpointInfo.from_manifest(manifest, (copy,))

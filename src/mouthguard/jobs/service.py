@@ -1,0 +1,216 @@
+"""The background service: replication (and later scrub and retention) in a thread.
+
+One service per store object per process, shared by every Checkpointer on that
+store, so they share one :class:`BurstGate`. The thread wakes when a checkpoint
+commits (newest first), and otherwise makes a full pass every ``interval``
+seconds, which also picks up copies other processes wrote or damaged.
+
+Lifecycle: started on first use, a daemon thread, stopped at interpreter exit
+(bounded). A copy cut off by the process ending leaves only invisible staging
+debris on the destination, collected later like any interrupted save.
+
+Backlog warning: the service estimates how long the checkpoints still waiting
+for replication take at the measured copy bandwidth, and warns when that
+outlasts the interval between saves — the replication tier cannot keep up and
+protection is falling behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+
+from mouthguard.checkpoint.store import Store
+from mouthguard.jobs.burst import BurstGate
+from mouthguard.jobs.replicator import ReplicationReport, Replicator
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_SECONDS = 30.0
+_STOP_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """A snapshot for status displays and tests."""
+
+    running: bool
+    queued: int
+    busy: bool
+    passes: int
+    copied_bytes: int
+    bandwidth_bytes_per_s: float | None
+    last_shortfalls: tuple[str, ...]
+    backlog_warning: str | None
+
+
+class BackgroundService:
+    """Replicates committed checkpoints of one store in a background thread.
+
+    Args:
+        store: the store.
+        interval: seconds between full passes when no commit wakes the thread.
+    """
+
+    def __init__(self, store: Store, *, interval: float = DEFAULT_INTERVAL_SECONDS) -> None:
+        self.store = store
+        self.gate = BurstGate()
+        self.replicator = Replicator(store, store.policy, self.gate)
+        self.interval = interval
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[str, int]] = deque()
+        self._busy = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._passes = 0
+        self._copied = 0
+        self._bandwidth: float | None = None
+        self._shortfalls: tuple[str, ...] = ()
+        self._backlog_warning: str | None = None
+        self._last_commit: float | None = None
+        self._commit_interval: float | None = None
+
+    # --- control -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread (idempotent)."""
+        with self._cond:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop = False
+            self._thread = threading.Thread(
+                target=self._loop, name=f"mouthguard-replication[{self.store.source}]", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self, timeout: float = _STOP_TIMEOUT_SECONDS) -> None:
+        """Ask the thread to finish its current copy and exit; wait at most ``timeout``."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def notify_commit(self, run: str, step: int) -> None:
+        """A checkpoint committed: replicate it soon (newest commits first)."""
+        now = time.monotonic()
+        with self._cond:
+            if self._last_commit is not None:
+                gap = now - self._last_commit
+                self._commit_interval = _ewma(self._commit_interval, gap)
+            self._last_commit = now
+            self._queue.appendleft((run, step))
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until nothing is queued or being copied; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, 0.2))
+            return True
+
+    def status(self) -> ServiceStatus:
+        """A snapshot of what the service is doing."""
+        with self._cond:
+            return ServiceStatus(
+                running=self._thread is not None and self._thread.is_alive(),
+                queued=len(self._queue),
+                busy=self._busy,
+                passes=self._passes,
+                copied_bytes=self._copied,
+                bandwidth_bytes_per_s=self._bandwidth,
+                last_shortfalls=self._shortfalls,
+                backlog_warning=self._backlog_warning,
+            )
+
+    # --- the thread ------------------------------------------------------------
+
+    def _loop(self) -> None:
+        next_pass = time.monotonic()
+        while True:
+            with self._cond:
+                while not self._stop and not self._queue and time.monotonic() < next_pass:
+                    self._cond.wait(min(1.0, max(0.0, next_pass - time.monotonic())))
+                if self._stop:
+                    return
+                item = self._queue.popleft() if self._queue else None
+                self._busy = True
+            try:
+                if item is not None:
+                    report = self.replicator.replicate(*item)
+                else:
+                    report = self.replicator.run_once()
+                    next_pass = time.monotonic() + self.interval
+                self._record(report)
+            except Exception:
+                log.exception("replication pass failed; retrying at the next pass")
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _record(self, report: ReplicationReport) -> None:
+        with self._cond:
+            self._passes += 1
+            self._copied += report.copied_bytes
+            for copy in report.copies:
+                self._bandwidth = _ewma(self._bandwidth, copy.bytes_per_second)
+            self._shortfalls = tuple(
+                f"{s.run} step {s.step}: {s.reason}" for s in report.shortfalls
+            )
+            self._backlog_warning = self._check_backlog(report)
+        for line in self._shortfalls:
+            log.warning("replication shortfall: %s", line)
+
+    def _check_backlog(self, report: ReplicationReport) -> str | None:
+        """Warn when the pending copies would outlast the interval between saves."""
+        if self._bandwidth is None or self._commit_interval is None or not report.copies:
+            return None
+        pending = sum(c.nbytes for c in report.copies) * (len(self._queue) + 1)
+        seconds = pending / max(self._bandwidth, 1.0)
+        if seconds <= self._commit_interval:
+            return None
+        message = (
+            f"replication backlog needs ~{seconds:.0f} s at {self._bandwidth / 2**20:.0f} MiB/s "
+            f"but checkpoints arrive every ~{self._commit_interval:.0f} s: "
+            "protection is falling behind (add bandwidth, save less often, or demote routine saves)"
+        )
+        log.warning(message)
+        return message
+
+
+def _ewma(previous: float | None, sample: float) -> float:
+    """Exponentially weighted mean: recent copies and gaps count most."""
+    return sample if previous is None else 0.7 * previous + 0.3 * sample
+
+
+_SERVICES: weakref.WeakKeyDictionary[Store, BackgroundService] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def service_for(store: Store, *, start: bool = True) -> BackgroundService:
+    """The background service of ``store`` in this process (created on first use)."""
+    with _LOCK:
+        service = _SERVICES.get(store)
+        if service is None:
+            service = BackgroundService(store)
+            _SERVICES[store] = service
+    if start:
+        service.start()
+    return service
+
+
+@atexit.register
+def _stop_all() -> None:
+    for service in list(_SERVICES.values()):
+        service.stop(timeout=1.0)

@@ -1,0 +1,69 @@
+"""The in-process background service started by the Checkpointer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import mouthguard
+from mouthguard.jobs.service import service_for
+from tests.checkpoint.helpers import flip_byte
+
+
+def _dir(store: mouthguard.Store, tier: str, step: int) -> Path:
+    return Path(store.tier(tier).location(f"r/{step:012d}/"))
+
+
+def test_checkpointer_replicates_in_the_background(two_tier: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(two_tier, run="r")
+    assert ckpt.background
+    for step in (1, 2, 3):
+        ckpt.save(step, {"w": torch.full((1000,), float(step))})
+    assert ckpt.wait_replicated(timeout=60)
+    for step in (1, 2, 3):
+        info = ckpt.info(step)
+        assert info is not None
+        assert sorted(c.tier for c in info.copies) == ["durable", "fast"]
+        assert all(c.verified for c in info.copies)
+    status = service_for(two_tier).status()
+    assert status.running and status.copied_bytes > 0 and status.queued == 0
+
+
+def test_single_tier_store_has_no_background_thread(store: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(store, run="r")
+    assert not ckpt.background
+    ckpt.save(1, {"w": torch.ones(2)})
+    assert ckpt.wait_replicated(timeout=1)
+
+
+def test_background_off_leaves_replication_to_the_agent(two_tier: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
+    ckpt.save(1, {"w": torch.ones(2)})
+    assert not ckpt.wait_replicated(timeout=0.1)
+    assert [c.tier for c in ckpt.info(1).copies] == ["fast"]  # type: ignore[union-attr]
+
+
+def test_damage_found_by_load_is_repaired_in_the_background(two_tier: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(two_tier, run="r")
+    ckpt.save(1, {"w": torch.arange(4096.0)}, importance="milestone")
+    assert ckpt.wait_replicated(timeout=60)
+    flip_byte(_dir(two_tier, "fast", 1) / "rank-00000.safetensors", -1)
+    with pytest.warns(mouthguard.CheckpointFallbackWarning, match="fast"):
+        loaded = ckpt.load()
+    assert loaded.tier == "durable"
+    assert torch.equal(loaded.state["w"], torch.arange(4096.0))  # type: ignore[index]
+    assert ckpt.wait_replicated(timeout=60)
+    again = ckpt.load()  # no warning: the fast copy was confirmed damaged, set aside, re-copied
+    assert again.tier == "fast"
+    assert any(".rejected-" in p.name for p in _dir(two_tier, "fast", 1).parent.iterdir())
+
+
+def test_announce_makes_copies_yield(two_tier: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(two_tier, run="r")
+    ckpt.announce(seconds_until_save=0.0, nbytes=1 << 20)
+    assert service_for(two_tier).gate.busy
+    ckpt.save(1, {"w": torch.ones(4)})  # the announced save arrives
+    assert not service_for(two_tier).gate.busy
+    assert ckpt.wait_replicated(timeout=60)
