@@ -65,10 +65,22 @@ class StoreConfig:
 
 
 def default_config(directory: Path) -> StoreConfig:
-    """The embedded default store: one local tier ``fast`` under ``directory``."""
+    """The embedded default store: local tiers ``fast`` and ``durable`` under ``directory``.
+
+    They are declared in distinct failure domains so that the importance policy
+    (two copies in distinct domains for routine and above) can be met and seen
+    working out of the box. They share one disk: the second copy protects against
+    a damaged or deleted copy, not against losing the disk. Real deployments list
+    their tiers (NVMe, parallel FS, object store) in a ``mouthguard.toml``.
+    """
     return StoreConfig(
         source=str(directory),
-        tiers=(TierConfig(name="fast", kind="local", domain="local", path=directory / "fast"),),
+        tiers=(
+            TierConfig(name="fast", kind="local", domain="local-fast", path=directory / "fast"),
+            TierConfig(
+                name="durable", kind="local", domain="local-durable", path=directory / "durable"
+            ),
+        ),
     )
 
 

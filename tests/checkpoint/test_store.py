@@ -12,11 +12,12 @@ from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
 
 
-def test_directory_is_created_with_a_fast_local_tier(tmp_path: Path) -> None:
+def test_directory_is_created_with_fast_and_durable_local_tiers(tmp_path: Path) -> None:
     store = mouthguard.open_store(tmp_path / "new" / "store")
     assert (tmp_path / "new" / "store").is_dir()
-    assert [t.name for t in store.tiers] == ["fast"]
-    assert isinstance(store.fast, LocalTier)
+    assert [t.name for t in store.tiers] == ["fast", "durable"]
+    assert all(isinstance(t, LocalTier) for t in store.tiers)
+    assert len({t.domain for t in store.tiers}) == 2  # RF2 can be met out of the box
     assert store.fast.location().startswith(str((tmp_path / "new" / "store").resolve()))
 
 

@@ -20,10 +20,13 @@ from tests.checkpoint.helpers import flip_byte, step_path
 @pytest.fixture
 def populated(tmp_path: Path) -> Path:
     root = tmp_path / "store"
-    ckpt = mouthguard.Checkpointer(root, run="alpha")
+    # No background replication: each checkpoint has exactly its fast copy, so the
+    # listings below are deterministic. (Replication is tested in tests/jobs.)
+    ckpt = mouthguard.Checkpointer(root, run="alpha", background=False)
     ckpt.save(10, {"w": torch.ones(100)}, importance="routine")
     ckpt.save(20, {"w": torch.ones(100) * 2}, importance="milestone")
-    mouthguard.Checkpointer(root, run="beta").save(1, {"x": torch.zeros(3)}, importance="golden")
+    beta = mouthguard.Checkpointer(root, run="beta", background=False)
+    beta.save(1, {"x": torch.zeros(3)}, importance="golden")
     return root
 
 
@@ -163,4 +166,5 @@ def test_gc_removes_only_old_partials(populated: Path, capsys: pytest.CaptureFix
     assert main(["--store", str(populated), "gc", "--grace-seconds", "0"]) == 0
     assert not partial.exists()
     assert "1 interrupted save(s)" in capsys.readouterr().out
-    assert [i.step for i in mouthguard.Checkpointer(populated, run="alpha").list()] == [10, 20]
+    alpha = mouthguard.Checkpointer(populated, run="alpha", background=False)
+    assert [i.step for i in alpha.list()] == [10, 20]

@@ -31,7 +31,10 @@ def test_checkpointer_replicates_in_the_background(two_tier: mouthguard.Store) -
     assert status.running and status.copied_bytes > 0 and status.queued == 0
 
 
-def test_single_tier_store_has_no_background_thread(store: mouthguard.Store) -> None:
+def test_single_tier_store_has_no_background_thread(tmp_path: Path) -> None:
+    from tests.jobs.conftest import make_store  # noqa: PLC0415
+
+    store = make_store(tmp_path / "single", ("fast", "node-a"))
     ckpt = mouthguard.Checkpointer(store, run="r")
     assert not ckpt.background
     ckpt.save(1, {"w": torch.ones(2)})

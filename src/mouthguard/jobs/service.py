@@ -178,7 +178,8 @@ class BackgroundService:
             return None
         pending = sum(c.nbytes for c in report.copies) * (len(self._queue) + 1)
         seconds = pending / max(self._bandwidth, 1.0)
-        if seconds <= self._commit_interval:
+        # Sub-second backlogs are noise (bursts of tiny saves), not a trend.
+        if seconds <= max(self._commit_interval, 1.0):
             return None
         message = (
             f"replication backlog needs ~{seconds:.0f} s at {self._bandwidth / 2**20:.0f} MiB/s "
