@@ -28,10 +28,13 @@ from dataclasses import dataclass
 from mouthguard.checkpoint.store import Store
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.replicator import ReplicationReport, Replicator
+from mouthguard.jobs.retention import apply_retention
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_SECONDS = 30.0
+#: Retention passes are cheap but not urgent: nothing is purged before the trash delay.
+DEFAULT_RETENTION_INTERVAL_SECONDS = 300.0
 _STOP_TIMEOUT_SECONDS = 5.0
 
 
@@ -55,10 +58,20 @@ class BackgroundService:
     Args:
         store: the store.
         interval: seconds between full passes when no commit wakes the thread.
+        retention_interval: seconds between retention passes (None: never; retention
+            is then left to ``mouthguard forget`` or the agent).
     """
 
-    def __init__(self, store: Store, *, interval: float = DEFAULT_INTERVAL_SECONDS) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        interval: float = DEFAULT_INTERVAL_SECONDS,
+        retention_interval: float | None = DEFAULT_RETENTION_INTERVAL_SECONDS,
+    ) -> None:
         self.store = store
+        self.retention_interval = retention_interval
+        self._next_retention = time.monotonic() + (retention_interval or 0.0)
         self.gate = BurstGate()
         self.replicator = Replicator(store, store.policy, self.gate)
         self.interval = interval
@@ -152,12 +165,26 @@ class BackgroundService:
                     report = self.replicator.run_once()
                     next_pass = time.monotonic() + self.interval
                 self._record(report)
+                self._maybe_apply_retention()
             except Exception:
                 log.exception("replication pass failed; retrying at the next pass")
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _maybe_apply_retention(self) -> None:
+        if self.retention_interval is None or time.monotonic() < self._next_retention:
+            return
+        self._next_retention = time.monotonic() + self.retention_interval
+        report = apply_retention(self.store, self.store.policy)
+        if report.count("trash") or report.count("purge") or report.count("demote"):
+            log.info(
+                "retention: %d trashed, %d purged, %d demoted",
+                report.count("trash"),
+                report.count("purge"),
+                report.count("demote"),
+            )
 
     def _record(self, report: ReplicationReport) -> None:
         with self._cond:

@@ -1,0 +1,130 @@
+"""Applying retention: the policy decides, this module carries it out through the trash.
+
+For every checkpoint of the store, :func:`decide_retention` says keep or drop
+(with reasons) and :func:`decide_deletions` turns that into one action per
+copy. Execution:
+
+``keep``    lift a trash mark if the copy has one (the policy changed its mind)
+``trash``   write the trash mark (a sidecar) unless one is already there
+``purge``   delete the copy: manifest first, so the copy is uncommitted (invisible)
+            before any data object goes; then the data; then the sidecars
+``demote``  delete the fast copy the same way (a verified placement remains elsewhere)
+
+Safety is the policy's job (holds, the newest valid checkpoint, the last
+verified copy, the trash delay are all enforced there and tested there); this
+module adds one guard of its own: before deleting a copy it re-reads the facts,
+so a hold placed or a copy lost since the decision is honoured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from mouthguard.checkpoint.sidecars import CopyRef, mark_trashed, restore_from_trash
+from mouthguard.checkpoint.store import Store
+from mouthguard.errors import MouthguardError
+from mouthguard.format.manifest import MANIFEST_NAME
+from mouthguard.jobs.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
+from mouthguard.policy.config import PolicyConfig
+from mouthguard.policy.deletion import CopyAction, decide_deletions
+from mouthguard.policy.placement import plan_placement
+from mouthguard.policy.retention import RetentionDecision, decide_retention
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AppliedAction:
+    """One copy action, and whether it was carried out."""
+
+    run: str
+    step: int
+    action: CopyAction
+    done: bool
+    error: str | None = None
+
+
+@dataclass
+class RetentionReport:
+    """Decisions and actions of one retention pass."""
+
+    decisions: list[RetentionDecision] = field(default_factory=list)
+    actions: list[AppliedAction] = field(default_factory=list)
+    dry_run: bool = False
+
+    def count(self, kind: str) -> int:
+        """How many actions of ``kind`` were (or would be, in a dry run) carried out."""
+        return sum(a.action.action == kind and (a.done or self.dry_run) for a in self.actions)
+
+
+def delete_copy(ref: CopyRef) -> int:
+    """Delete every object of one copy, manifest first; return how many were deleted."""
+    deleted = int(ref.tier.delete(ref.key(MANIFEST_NAME)))
+    for key in list(ref.tier.list(ref.prefix)):
+        deleted += int(ref.tier.delete(key))
+    return deleted
+
+
+def apply_retention(
+    store: Store,
+    policy: PolicyConfig | None = None,
+    *,
+    now: float | None = None,
+    dry_run: bool = False,
+    runs: Iterable[str] | None = None,
+) -> RetentionReport:
+    """Decide and (unless ``dry_run``) apply retention to every checkpoint of ``store``.
+
+    Never raises for a failing tier: failures are recorded per action.
+    """
+    policy = policy or store.policy
+    now = time.time() if now is None else now
+    views: list[CheckpointView] = []
+    for run in runs if runs is not None else runs_of(store):
+        for step in steps_of(store, run):
+            view = gather(store, run, step)
+            if view is not None:
+                views.append(view)
+    report = RetentionReport(dry_run=dry_run)
+    report.decisions = decide_retention([v.facts for v in views], policy, now)
+    decisions = {d.key: d for d in report.decisions}
+    tiers = tier_facts(store)
+    for view in views:
+        placement = plan_placement(view.facts.importance, tiers, policy)
+        for action in decide_deletions(
+            view.facts, decisions[view.facts.key], placement, policy, now
+        ):
+            report.actions.append(_apply(store, view, action, now, dry_run))
+    return report
+
+
+def _apply(
+    store: Store, view: CheckpointView, action: CopyAction, now: float, dry_run: bool
+) -> AppliedAction:
+    run, step = view.facts.run, view.facts.step
+    copy = next((c for c in view.facts.copies if c.tier == action.tier), None)
+    if dry_run or copy is None:
+        return AppliedAction(run, step, action, done=False)
+    ref = CopyRef(store.tier(action.tier), run, step)
+    when = dt.datetime.fromtimestamp(now, dt.UTC)
+    try:
+        if action.action == "keep":
+            done = copy.trashed_at is not None and restore_from_trash(ref)
+        elif action.action == "trash":
+            done = copy.trashed_at is None
+            if done:
+                mark_trashed(ref, action.reason, when)
+        else:  # purge or demote
+            fresh = gather(store, run, step)
+            if fresh is None or fresh.facts.held:
+                return AppliedAction(run, step, action, False, "held since the decision: kept")
+            done = delete_copy(ref) > 0
+            log.warning("retention %s %s: %s", action.action, ref, action.reason)
+    except MouthguardError as exc:
+        log.warning("retention %s of %s failed: %s", action.action, ref, exc)
+        return AppliedAction(run, step, action, False, str(exc))
+    return AppliedAction(run, step, action, done)
