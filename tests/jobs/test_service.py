@@ -70,3 +70,17 @@ def test_announce_makes_copies_yield(two_tier: mouthguard.Store) -> None:
     ckpt.save(1, {"w": torch.ones(4)})  # the announced save arrives
     assert not service_for(two_tier).gate.busy
     assert ckpt.wait_replicated(timeout=60)
+
+
+def test_state_moves_from_committed_to_protected(two_tier: mouthguard.Store) -> None:
+    ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
+    ckpt.save(1, {"w": torch.ones(8)}, importance="milestone")
+    info = ckpt.info(1)
+    assert info is not None and info.state == "committed"
+    assert info.protection  # says what is missing
+    from mouthguard.jobs.replicator import Replicator  # noqa: PLC0415
+
+    Replicator(two_tier).run_once()
+    info = ckpt.info(1)
+    assert info is not None and info.state == "protected" and info.protection == ()
+    assert info.to_json()["state"] == "protected"

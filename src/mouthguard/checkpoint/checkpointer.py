@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.facts import gather, tier_facts
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
 from mouthguard.checkpoint.reader import load_copy, read_manifest, verify_copy
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     place_hold,
-    read_sidecars,
     release_hold,
     report_damage,
     write_importance,
@@ -46,6 +46,7 @@ from mouthguard.format.manifest import MANIFEST_NAME, Manifest
 from mouthguard.format.state_tree import FlatState, flatten_state
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
+from mouthguard.policy.placement import plan_placement, protection_status
 from mouthguard.tiers.base import Tier
 
 if TYPE_CHECKING:
@@ -53,7 +54,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+def _datetime(timestamp: float | None) -> dt.datetime | None:
+    return None if timestamp is None else dt.datetime.fromtimestamp(timestamp, dt.UTC)
+
 
 #: Partial saves younger than this are assumed to be still in flight.
 DEFAULT_GRACE_SECONDS = 3600.0
@@ -270,41 +274,38 @@ class Checkpointer:
         """Info of ``step``: its manifest merged with every copy's sidecar facts.
 
         The effective importance is the newest recorded change on any copy (else
-        the saved one); the holds are the union over copies.
+        the saved one); the holds are the union over copies; the state says how
+        far the copies meet the policy's placement (committed -> verified ->
+        protected), or ``trashed`` once every copy is in the trash.
         """
-        manifest: Manifest | None = None
-        copies = []
-        changes: builtins.list[tuple[dt.datetime, Importance]] = []
-        holds: set[str] = set()
-        for tier in self.store.tiers:
-            if not tier.exists(catalog.manifest_key(self.run, step)):
-                continue
-            try:
-                found = read_manifest(tier, self.run, step)
-            except MouthguardError as exc:
-                log.warning("%s step %d on tier %s: %s", self.run, step, tier.name, exc)
-                continue
-            manifest = manifest or found
-            facts = read_sidecars(CopyRef(tier, self.run, step))
-            if facts.importance is not None:
-                changes.append((facts.importance_changed_at or _EPOCH, facts.importance))
-            holds.update(h.name for h in facts.holds)
-            copies.append(
-                CopyInfo(
-                    tier=tier.name,
-                    location=tier.location(catalog.checkpoint_prefix(self.run, step)),
-                    verified=facts.verified_at is not None,
-                    verified_at=facts.verified_at,
-                    trashed_at=facts.trashed_at,
-                )
-            )
-        if manifest is None:
+        view = gather(self.store, self.run, step)
+        if view is None:
             if missing_ok:
                 return None
             raise CheckpointNotFoundError(f"no readable checkpoint {self.run} step {step}")
-        importance = max(changes, key=lambda c: c[0])[1] if changes else None
+        for tier, reason in view.damaged:
+            log.warning("%s step %d on tier %s: %s", self.run, step, tier.name, reason)
+        prefix = catalog.checkpoint_prefix(self.run, step)
+        copies = tuple(
+            CopyInfo(
+                tier=c.tier,
+                location=self.store.tier(c.tier).location(prefix),
+                verified=c.verified,
+                verified_at=_datetime(c.verified_at),
+                trashed_at=_datetime(c.trashed_at),
+            )
+            for c in view.facts.copies
+        )
+        placement = plan_placement(view.facts.importance, tier_facts(self.store), self.store.policy)
+        protection = protection_status(view.facts, placement)
+        trashed = bool(copies) and all(c.trashed_at is not None for c in copies)
         return CheckpointInfo.from_manifest(
-            manifest, tuple(copies), importance=importance, holds=tuple(sorted(holds))
+            view.manifest,
+            copies,
+            importance=view.facts.importance,
+            holds=view.holds,
+            state="trashed" if trashed else protection.state,
+            protection=protection.missing,
         )
 
     # --- mutable facts ---------------------------------------------------------

@@ -1,4 +1,8 @@
-"""Turning what is on the tiers into the plain facts the pure policy decides on."""
+"""Turning what is on the tiers into the plain facts the pure policy decides on.
+
+Used by ``Checkpointer.info`` (the state of a checkpoint) and by the jobs
+(replication, retention), so every part of the system judges from the same facts.
+"""
 
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ class CheckpointView:
     manifest: Manifest
     readable: tuple[Tier, ...]  # tiers whose manifest parsed (copy sources)
     damaged: tuple[tuple[Tier, str], ...]  # tiers whose committed copy is unreadable
+    holds: tuple[str, ...] = ()  # names of the holds on any copy
 
 
 def _ts(value: dt.datetime | None) -> float | None:
@@ -55,7 +60,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
     copies: list[CopyFacts] = []
     readable: list[Tier] = []
     damaged: list[tuple[Tier, str]] = []
-    held = False
+    holds: set[str] = set()
     changes: list[tuple[dt.datetime, Importance]] = []
     for tier in store.tiers:
         if not tier.exists(catalog.manifest_key(run, step)):
@@ -68,7 +73,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         manifest = manifest or found
         readable.append(tier)
         side = read_sidecars(CopyRef(tier, run, step))
-        held = held or bool(side.holds)
+        holds.update(h.name for h in side.holds)
         if side.importance is not None:
             changes.append((side.importance_changed_at or _EPOCH, side.importance))
         copies.append(
@@ -91,11 +96,11 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         importance=importance,
         created=manifest.created.timestamp(),
         valid=True if verified else None,
-        held=held,
+        held=bool(holds),
         metrics=metrics,
         copies=tuple(copies),
     )
-    return CheckpointView(facts, manifest, tuple(readable), tuple(damaged))
+    return CheckpointView(facts, manifest, tuple(readable), tuple(damaged), tuple(sorted(holds)))
 
 
 def _metrics(manifest: Manifest) -> dict[str, float]:

@@ -56,6 +56,9 @@ class CheckpointInfo:
         save_seconds: wall time of the save that produced this info (only on save).
         saved_importance: the importance recorded in the manifest at save time.
         holds: names of the holds on the checkpoint (on any copy).
+        state: ``committed`` -> ``verified`` -> ``protected`` (the placement is met,
+            every counted copy verified), or ``trashed``.
+        protection: what is still missing for ``protected``, as sentences.
     """
 
     run: str
@@ -70,6 +73,8 @@ class CheckpointInfo:
     save_seconds: float | None = None
     saved_importance: Importance | None = None
     holds: tuple[str, ...] = ()
+    state: str = "committed"
+    protection: tuple[str, ...] = ()
 
     @classmethod
     def from_manifest(
@@ -80,6 +85,8 @@ class CheckpointInfo:
         *,
         importance: Importance | None = None,
         holds: tuple[str, ...] = (),
+        state: str = "committed",
+        protection: tuple[str, ...] = (),
     ) -> CheckpointInfo:
         """Build the info of a checkpoint from its manifest (and its sidecar facts)."""
         return cls(
@@ -95,6 +102,8 @@ class CheckpointInfo:
             save_seconds=save_seconds,
             saved_importance=manifest.importance,
             holds=holds,
+            state=state,
+            protection=protection,
         )
 
     def to_json(self) -> dict[str, JsonValue]:
@@ -105,6 +114,8 @@ class CheckpointInfo:
             "importance": self.importance.value,
             "saved_importance": (self.saved_importance or self.importance).value,
             "holds": list(self.holds),
+            "state": self.state,
+            "protection_missing": list(self.protection),
             "created": self.created.isoformat(),
             "nbytes": self.nbytes,
             "tensor_bytes": self.tensor_bytes,

@@ -28,7 +28,7 @@ from mouthguard.errors import MouthguardError, is_data_damage
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint, set_aside
-from mouthguard.jobs.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
+from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.placement import Placement, plan_placement, protection_status
 from mouthguard.tiers.base import Tier
@@ -97,7 +97,7 @@ class Replicator:
         report.checked += 1
         placement = self.placement(view)
         if not placement.satisfiable:
-            report.shortfalls.append(Shortfall(run, step, "; ".join(placement.reasons)))
+            report.shortfalls.append(Shortfall(run, step, "; ".join(placement.missing)))
         good = self._confirm_copies(view, report)
         for target in placement.targets:
             if any(t.name == target for t in good):

@@ -28,7 +28,7 @@ from mouthguard.checkpoint.sidecars import CopyRef, mark_trashed, restore_from_t
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
-from mouthguard.jobs.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
+from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.deletion import CopyAction, decide_deletions
 from mouthguard.policy.placement import plan_placement
