@@ -1,9 +1,13 @@
-"""``mouthguard`` command line: inspect, verify and demo checkpoint stores.
+"""``mouthguard`` command line: inspect, verify, protect and demo checkpoint stores.
 
-Exit codes: 0 success; 1 a checkpoint is invalid (``verify``) or the demo did not
-reproduce the reference run; 2 usage errors (bad arguments, unknown store, run or
-step). Bad data never produces a traceback: every :class:`MouthguardError`
-becomes a one-line message.
+Subcommands beyond listing and verification live in :mod:`mouthguard.cli.ops`
+(hold, release, importance, replicate, agent) and :mod:`mouthguard.cli.doctor`.
+
+Exit codes: 0 success; 1 a checkpoint is invalid (``verify``), not protected
+(``replicate``), a placement is unsatisfiable (``doctor``), there is no such hold
+(``release``), or the demo did not reproduce the reference run; 2 usage errors
+(bad arguments, unknown store, run or step). Bad data never produces a traceback:
+every :class:`MouthguardError` becomes a one-line message.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from mouthguard.checkpoint.checkpointer import DEFAULT_GRACE_SECONDS, Checkpoint
 from mouthguard.checkpoint.info import CheckpointInfo
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.verification import CopyReport, CopyTarget, find_copies, verify_all
+from mouthguard.cli import doctor, ops
 from mouthguard.cli.render import human_bytes, human_time
-from mouthguard.errors import ConfigError, MouthguardError
+from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardError
 
 DEFAULT_STORE = "./mouthguard-store"
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -65,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("run", nargs="?")
     gc.add_argument("--grace-seconds", type=float, default=DEFAULT_GRACE_SECONDS)
 
+    ops.add_parsers(sub)
+    doctor.add_parser(sub)
     sub.add_parser("demo", help="train, crash, corrupt, resume: watch a run survive")
     return parser
 
@@ -80,9 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_demo(Path(args.store), console)
         store = open_store(args.store, create=False)
-        handler = {"ls": _ls, "show": _show, "verify": _verify, "gc": _gc}[args.command]
+        handlers: dict[str, ops.Handler] = {"ls": _ls, "show": _show, "verify": _verify, "gc": _gc}
+        handler = {**handlers, **ops.HANDLERS, "doctor": doctor.run}[args.command]
         return handler(store, args, console)
-    except (UsageError, ConfigError, ValueError) as exc:
+    # A checkpoint or run that does not exist is a wrong argument, not bad data.
+    except (UsageError, ConfigError, ValueError, CheckpointNotFoundError) as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         return EXIT_USAGE
     except MouthguardError as exc:
@@ -121,9 +130,10 @@ def _ls(store: Store, args: argparse.Namespace, console: Console) -> int:
 
 def _run_table(run: str, infos: list[CheckpointInfo]) -> Table:
     table = Table(title=f"run {run}", title_justify="left")
-    for column in ("step", "importance", "size", "files", "created", "copies"):
+    for column in ("step", "importance", "size", "files", "created", "copies", "holds"):
         right = column in ("step", "size", "files")
-        table.add_column(column, justify="right" if right else "left", no_wrap=column != "copies")
+        wrap = column in ("copies", "holds")
+        table.add_column(column, justify="right" if right else "left", no_wrap=not wrap)
     for info in infos:
         copies = ", ".join(f"{c.tier}{' ✓' if c.verified else ''}" for c in info.copies)
         table.add_row(
@@ -133,6 +143,7 @@ def _run_table(run: str, infos: list[CheckpointInfo]) -> Table:
             str(len(info.files)),
             human_time(info.created),
             copies,
+            ", ".join(info.holds),
         )
     return table
 
@@ -150,6 +161,9 @@ def _show(store: Store, args: argparse.Namespace, console: Console) -> int:
     table.add_column("field")
     table.add_column("value")
     table.add_row("importance", info.importance.value)
+    if info.saved_importance is not None and info.saved_importance != info.importance:
+        table.add_row("saved importance", info.saved_importance.value)
+    table.add_row("holds", ", ".join(info.holds) or "none")
     table.add_row("created", human_time(info.created))
     table.add_row("size", f"{human_bytes(info.nbytes)} ({info.nbytes} bytes)")
     table.add_row("tensor bytes", str(info.tensor_bytes))
