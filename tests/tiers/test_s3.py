@@ -8,16 +8,20 @@ bucket, so tests never see each other's objects.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from botocore.exceptions import ClientError
 
 from mouthguard.errors import ObjectExistsError, ObjectNotFoundError, TierError
+from mouthguard.tiers import s3_probe
 from mouthguard.tiers.base import PutMode, Tier
-from mouthguard.tiers.s3 import S3Tier
+from mouthguard.tiers.s3 import CreateGuard, S3Tier
+from mouthguard.tiers.s3_probe import VersionEntry, _merge_page, rivals, version_history
 from tests.s3.fixtures import S3Bucket, S3Server
 
 from .conformance import MiB, TierConformance, payload
@@ -67,14 +71,16 @@ def test_probe_plain_bucket(s3_bucket: S3Bucket) -> None:
     assert probe.conditional_put == measure_if_none_match(s3_bucket)
     assert not probe.object_lock
     assert not tier.capabilities.object_lock
-    assert tier.capabilities.conditional_put == probe.conditional_put
+    assert tier.capabilities.conditional_put == probe.create_guard.atomic
     assert tier.capabilities.durable and tier.capabilities.persistent
     assert not tier.capabilities.atomic_rename
     if s3_bucket.server.is_local_ceph and not s3_bucket.prefix:
         # Measured on Ceph RGW 16.2.15 (Debian): a plain bucket honours If-None-Match.
         assert probe.conditional_put, f"{s3_bucket.server.version}: plain bucket, {probe}"
+        assert probe.create_guard is CreateGuard.IF_NONE_MATCH
         assert probe.versioning == "Off"
     assert any("conditional put" in line for line in probe.lines())
+    assert any(line.startswith("create-only put: ") for line in probe.lines())
 
 
 def test_probe_object_lock_bucket(s3_lock_bucket: S3Bucket) -> None:
@@ -84,12 +90,14 @@ def test_probe_object_lock_bucket(s3_lock_bucket: S3Bucket) -> None:
     assert probe.object_lock and tier.capabilities.object_lock
     assert probe.versioning == "Enabled"
     assert probe.conditional_put == measure_if_none_match(s3_lock_bucket)
-    assert tier.capabilities.conditional_put == probe.conditional_put
+    # Versioned: CREATE is atomic either way (the server's If-None-Match, or version order).
+    assert tier.capabilities.conditional_put
     if s3_lock_bucket.server.is_local_ceph:
         # Measured on Ceph RGW 16.2.15 (Debian): Object-Lock (versioned) buckets IGNORE
         # If-None-Match, a second create-only put simply adds a version.
         assert not probe.conditional_put, f"{s3_lock_bucket.server.version}: lock bucket, {probe}"
         assert any("IGNORED" in note for note in probe.notes)
+        assert probe.create_guard is CreateGuard.OLDEST_VERSION
 
 
 def test_probe_versioned_bucket(s3_bucket: S3Bucket) -> None:
@@ -103,9 +111,40 @@ def test_probe_versioned_bucket(s3_bucket: S3Bucket) -> None:
     assert no_versions_left(s3_bucket), "the probe must remove every version it made"
     assert probe.versioning == "Enabled" and not probe.object_lock
     assert probe.conditional_put == measure_if_none_match(s3_bucket)
+    assert probe.create_guard is not CreateGuard.EXISTENCE_CHECK
     if s3_bucket.server.is_local_ceph:
         # Measured on Ceph RGW 16.2.15 (Debian): versioning alone makes RGW ignore If-None-Match.
         assert not probe.conditional_put, f"{s3_bucket.server.version}: versioned bucket, {probe}"
+        assert probe.create_guard is CreateGuard.OLDEST_VERSION
+
+
+def test_probe_suspended_versioning_is_not_arbitrable(s3_bucket: S3Bucket) -> None:
+    if s3_bucket.prefix:
+        pytest.skip("would change the versioning of the shared bucket")
+    client = s3_bucket.server.client()
+    for status in ("Enabled", "Suspended"):
+        client.put_bucket_versioning(
+            Bucket=s3_bucket.name, VersioningConfiguration={"Status": status}
+        )
+    tier = s3_bucket.tier()
+    probe = tier.probe
+    assert probe.versioning == "Suspended"
+    assert no_versions_left(s3_bucket), "the probe must remove every version it made"
+    # Suspended versioning overwrites the "null" version: version order cannot tell
+    # creators apart, so only the server's own If-None-Match can make CREATE atomic.
+    expected = CreateGuard.IF_NONE_MATCH if probe.conditional_put else CreateGuard.EXISTENCE_CHECK
+    assert probe.create_guard is expected
+    assert tier.capabilities.conditional_put == probe.conditional_put
+    if not probe.conditional_put:
+        assert any("NOT atomic" in note for note in probe.notes)
+
+
+def test_probe_names_stay_importable_from_their_old_module() -> None:
+    from mouthguard.tiers import s3_control  # noqa: PLC0415 - the import is the test
+
+    assert s3_control.S3Probe is s3_probe.S3Probe
+    with pytest.raises(AttributeError):
+        _ = s3_control.NoSuchName  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("mode", ["GOVERNANCE", "COMPLIANCE"])
@@ -122,9 +161,12 @@ def test_probe_under_default_retention_leaves_nothing(s3_lock_bucket: S3Bucket, 
     probe = s3_lock_bucket.tier().probe
     assert probe.default_retention == f"{mode} 1 DAYS"
     assert no_versions_left(s3_lock_bucket), probe.notes
+    assert probe.create_guard is not CreateGuard.EXISTENCE_CHECK
     if mode == "COMPLIANCE":
         assert not probe.conditional_put
         assert any("not measured" in note for note in probe.notes)
+        # Nothing may be written to measure it: version order is assumed on a versioned bucket.
+        assert probe.create_guard is CreateGuard.OLDEST_VERSION
 
 
 def test_create_without_conditional_put_still_refuses_sequential_creates(
@@ -374,3 +416,191 @@ def test_credentials_default_to_the_aws_environment(
 def test_bad_urls(url: str) -> None:
     with pytest.raises(TierError):
         S3Tier(url, endpoint="http://127.0.0.1:1", access_key_id="a", secret_access_key="b")
+
+
+# --- create-only puts where the server ignores If-None-Match: version arbitration ---------
+
+RACE_TIMEOUT = 60.0  # seconds: bounds every barrier wait and thread join below
+
+
+def race(
+    tiers: list[S3Tier], key: str, bodies: list[bytes], *, force: bool
+) -> list[BaseException | None]:
+    """``put(CREATE)`` of ``bodies[i]`` through ``tiers[i]``, all at once; each one's outcome.
+
+    With ``force``, every writer's existence check passes before any writer PUTs,
+    so all of them reach the server and the version arbitration decides.
+    """
+    start = threading.Barrier(len(tiers), timeout=RACE_TIMEOUT)
+    checked = threading.Barrier(len(tiers), timeout=RACE_TIMEOUT)
+    outcomes: list[BaseException | None] = [None] * len(tiers)
+    for tier in tiers:
+        if force:
+            tier.exists = racing_exists(tier.exists, checked)  # type: ignore[method-assign]
+
+    def writer(i: int) -> None:
+        start.wait()
+        try:
+            tiers[i].put(key, bodies[i], mode=PutMode.CREATE)
+        except Exception as exc:  # the outcome is what the test asserts
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(len(tiers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=RACE_TIMEOUT)
+    assert not any(thread.is_alive() for thread in threads), "a writer hung"
+    return outcomes
+
+
+def racing_exists(
+    exists: Callable[[str], bool], barrier: threading.Barrier
+) -> Callable[[str], bool]:
+    """``exists`` that answers, then waits until every racer has its answer."""
+
+    def check(key: str) -> bool:
+        found = exists(key)
+        barrier.wait()
+        return found
+
+    return check
+
+
+def latest_version(bucket: S3Bucket, key: str) -> str:
+    head = bucket.server.client().head_object(Bucket=bucket.name, Key=key_of(bucket, key))
+    return str(head["VersionId"])
+
+
+@pytest.mark.parametrize("force", [True, False], ids=["all-past-head", "natural"])
+@pytest.mark.parametrize("size", [64 * 1024, 6 * MiB], ids=["single-put", "multipart"])
+def test_racing_creates_on_a_versioned_bucket_have_one_winner(
+    s3_lock_bucket: S3Bucket, force: bool, size: int
+) -> None:
+    writers = 6
+    # One tier each, as separate processes would have: own clients, own connections.
+    tiers = [s3_lock_bucket.tier(part_size=5 * MiB) for _ in range(writers)]
+    assert tiers[0].probe.create_guard is not CreateGuard.EXISTENCE_CHECK
+    bodies = [payload(size, seed=i) for i in range(writers)]
+    outcomes = race(tiers, "run/000000000001/rank-00000.safetensors", bodies, force=force)
+    winners = [i for i, outcome in enumerate(outcomes) if outcome is None]
+    assert len(winners) == 1, outcomes
+    assert all(isinstance(o, ObjectExistsError) for o in outcomes if o is not None), outcomes
+    key = "run/000000000001/rank-00000.safetensors"
+    assert tiers[1].get(key) == bodies[winners[0]]
+    # Every loser removed its own version: the winner's is the only one left.
+    assert tiers[1].object_versions(key) == [latest_version(s3_lock_bucket, key)]
+    if force and tiers[0].probe.create_guard is CreateGuard.OLDEST_VERSION:
+        lost = [str(o) for o in outcomes if o is not None]
+        assert all("ours was removed" in message for message in lost)
+
+
+def test_a_create_that_lost_removes_its_version(s3_lock_bucket: S3Bucket) -> None:
+    first, second = s3_lock_bucket.tier(), s3_lock_bucket.tier()
+    if first.probe.create_guard is not CreateGuard.OLDEST_VERSION:
+        pytest.skip("the server enforces If-None-Match on this bucket")
+    first.put("k", b"first", mode=PutMode.CREATE)
+    second.exists = lambda key: False  # type: ignore[method-assign] # its HEAD came too early
+    with pytest.raises(ObjectExistsError, match="concurrent create"):
+        second.put("k", b"second", mode=PutMode.CREATE)
+    assert first.get("k") == b"first"
+    assert len(first.object_versions("k")) == 1
+
+
+def test_a_lost_create_that_cannot_be_deleted_is_covered(
+    s3_lock_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a default COMPLIANCE retention does to the loser's version: it stays.
+    first, second = s3_lock_bucket.tier(), s3_lock_bucket.tier()
+    if first.probe.create_guard is not CreateGuard.OLDEST_VERSION:
+        pytest.skip("the server enforces If-None-Match on this bucket")
+    first.put("k", b"first", mode=PutMode.CREATE, tags={"mouthguard-importance": "critical"})
+
+    def refuse(*_: object, **__: object) -> None:
+        raise TierError("AccessDenied (simulated retention)")
+
+    monkeypatch.setattr(s3_probe, "delete_version", refuse)
+    second.exists = lambda key: False  # type: ignore[method-assign]
+    with pytest.raises(ObjectExistsError, match="covers ours"):
+        second.put("k", b"second", mode=PutMode.CREATE)
+    # Readers of the latest version see the winner's bytes (and tags) again.
+    assert first.get("k") == b"first"
+    assert first.get_tags("k") == {"mouthguard-importance": "critical"}
+    assert len(first.object_versions("k")) == 3  # winner, loser, the winner's copy on top
+
+
+@pytest.mark.parametrize("mode", ["GOVERNANCE", "COMPLIANCE"])
+def test_a_lost_create_under_default_retention(s3_lock_bucket: S3Bucket, mode: str) -> None:
+    if s3_lock_bucket.prefix:
+        pytest.skip("would change the retention rule of the shared bucket")
+    if mode == "COMPLIANCE" and not s3_lock_bucket.server.is_local_ceph:
+        pytest.skip("would leave undeletable objects for a day on a real server")
+    s3_lock_bucket.server.client().put_object_lock_configuration(
+        Bucket=s3_lock_bucket.name,
+        ObjectLockConfiguration={
+            "ObjectLockEnabled": "Enabled",
+            "Rule": {"DefaultRetention": {"Mode": mode, "Days": 1}},
+        },
+    )
+    first, second = s3_lock_bucket.tier(), s3_lock_bucket.tier()
+    if first.probe.create_guard is not CreateGuard.OLDEST_VERSION:
+        pytest.skip("the server enforces If-None-Match on this bucket")
+    first.put("k", b"first", mode=PutMode.CREATE)
+    second.exists = lambda key: False  # type: ignore[method-assign]
+    # GOVERNANCE: the loser bypasses it to delete its version; COMPLIANCE: nobody can,
+    # so the loser covers its version with a copy of the winner's.
+    expected = "ours was removed" if mode == "GOVERNANCE" else "covers ours"
+    with pytest.raises(ObjectExistsError, match=expected):
+        second.put("k", b"second", mode=PutMode.CREATE)
+    assert first.get("k") == b"first"
+    assert len(first.object_versions("k")) == (1 if mode == "GOVERNANCE" else 3)
+
+
+def test_a_create_after_a_delete_starts_a_new_generation(s3_lock_bucket: S3Bucket) -> None:
+    tiers = [s3_lock_bucket.tier() for _ in range(3)]
+    tiers[0].put("g", b"old", mode=PutMode.CREATE)
+    assert tiers[0].delete("g")  # a delete marker: the old version no longer counts
+    outcomes = race(tiers, "g", [b"a", b"b", b"c"], force=True)
+    assert outcomes.count(None) == 1, outcomes
+    assert tiers[0].get("g") == [b"a", b"b", b"c"][outcomes.index(None)]
+    assert len(tiers[0].object_versions("g")) == 2  # the deleted one and the winner
+
+
+def test_version_order_is_the_servers_not_the_clock(s3_lock_bucket: S3Bucket) -> None:
+    # Concurrent PUTs list out of LastModified order on Ceph RGW; the newest listed
+    # version must still be the one a GET returns.
+    tier = s3_lock_bucket.tier()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: tier.put("o", f"v{i}".encode()), range(16), timeout=60))
+    versions = tier.object_versions("o")
+    assert len(versions) == 16
+    assert versions[0] == latest_version(s3_lock_bucket, "o")
+    tier.delete("o")
+    tier.put("o", b"after")
+    history = version_history(tier._control, "o")
+    assert [e.delete_marker for e in history[:2]] == [False, True]
+    assert [e.version_id for e in history if not e.delete_marker] == tier.object_versions("o")
+
+
+@pytest.mark.parametrize(
+    ("history", "ours", "expected"),
+    [
+        (["v:a"], "a", []),  # alone: won
+        (["v:b", "v:a"], "b", ["a"]),  # a is older: lost
+        (["v:b", "v:a"], "a", []),  # b came later: a won
+        (["v:c", "m:x", "v:a"], "c", []),  # a was deleted before c: a new generation
+        (["v:c", "v:b", "m:x", "v:a"], "c", ["b"]),  # b is c's generation: c lost
+        (["m:y", "v:b", "v:a"], "a", []),  # deleted after it won: still won
+        (["v:b"], "a", None),  # ours is not listed: undecidable
+    ],
+)
+def test_rivals(history: list[str], ours: str, expected: list[str] | None) -> None:
+    entries = [VersionEntry(e[2:], e.startswith("m:")) for e in history]
+    found = rivals(entries, ours)
+    assert (None if found is None else [e.version_id for e in found]) == expected
+
+
+def test_an_unreadable_version_order_is_an_error() -> None:
+    page = {"Versions": [{"Key": "k", "VersionId": "a"}], "DeleteMarkers": []}
+    with pytest.raises(TierError, match="order"):
+        _merge_page(page, "k")  # no order recorded by the hook

@@ -2,8 +2,8 @@
 
 Key ``a/b`` of ``S3Tier("s3://bucket/runs")`` is the S3 object ``runs/a/b``.
 obstore (Rust, ``object_store``) carries the bytes; the control plane in
-:mod:`mouthguard.tiers.s3_control` (botocore) does what obstore cannot: bucket
-checks, tags, legal holds, versions, aborting abandoned uploads.
+:mod:`mouthguard.tiers.s3_control` (botocore) does what obstore cannot, and
+:mod:`mouthguard.tiers.s3_probe` measures what the server really does.
 
 How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
 
@@ -19,13 +19,12 @@ How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
   for every chunk; each chunk is therefore copied into a private part buffer.
   A single buffer is passed through uncopied (``put`` returns only after the
   upload, so the caller cannot change it meanwhile).
-* **Create-only put** is a single PUT with ``If-None-Match: *`` (S3 has no
-  conditional multipart in obstore), so the whole object is held in memory and
-  limited to S3's 5 GiB single-PUT size: meant for manifests and markers. It is
-  atomic only where the open-time probe saw the server refuse a second create
-  (``capabilities.conditional_put``). Elsewhere (Ceph RGW on versioned and
-  Object-Lock buckets ignores the header) the tier checks with HEAD first: a
-  race between two writers can then let both succeed.
+* **Create-only put** is guarded as the open-time probe found possible
+  (:class:`~mouthguard.tiers.s3_probe.CreateGuard`; its module has the protocol
+  and its residual risks): ``If-None-Match: *`` on a single PUT where the server
+  enforces it; on versioned buckets that ignore it (Ceph RGW), a PUT of any size,
+  then the oldest version wins and losers remove theirs; elsewhere a racy
+  HEAD-then-PUT (``capabilities.conditional_put`` false).
 * **Ranges are checked against the real size.** S3 silently shortens a range
   that runs past the end; the tier compares it with the object size in the
   response and raises instead.
@@ -45,15 +44,12 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import obstore
-import obstore.exceptions
-from obstore.store import S3Store
 
-from mouthguard.errors import InvalidKeyError, ObjectExistsError, ObjectNotFoundError, TierError
+from mouthguard.errors import InvalidKeyError, ObjectExistsError, TierError
 from mouthguard.tiers.base import (
     BytesLike,
     ObjectInfo,
@@ -65,21 +61,19 @@ from mouthguard.tiers.base import (
 )
 from mouthguard.tiers.keys import validate_key, validate_prefix
 from mouthguard.tiers.memory import check_range, validate_dir_prefix
-from mouthguard.tiers.s3_control import (
-    OBSTORE_ERRORS,
-    Credentials,
-    S3Control,
+from mouthguard.tiers.s3_control import OBSTORE_ERRORS, check_tags, connect
+from mouthguard.tiers.s3_probe import (
+    CreateGuard,
     S3Probe,
-    check_tags,
-    parse_s3_url,
-    short_reason,
+    probe_bucket,
+    settle_versioned_create,
+    version_history,
 )
 
 if TYPE_CHECKING:
     from obstore import GetOptions, GetResult
-    from obstore.store import S3Config
 
-__all__ = ["S3Probe", "S3Tier"]
+__all__ = ["CreateGuard", "S3Probe", "S3Tier"]
 
 MiB = 1024 * 1024
 #: S3's smallest part (except the last) and largest single PUT.
@@ -159,66 +153,26 @@ class S3Tier(Tier):
             raise ValueError("max_concurrency must be >= 1 and max_retries >= 0")
         if min(retry_timeout, backoff_initial, backoff_max, connect_timeout, request_timeout) <= 0:
             raise ValueError("timeouts and backoff delays must be positive")
-        self.bucket, self.prefix = parse_s3_url(url)
         self._part_size, self._max_concurrency = part_size, max_concurrency
-        env = os.environ.get
-        endpoint = endpoint or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL") or None
-        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-            raise TierError(f"S3 endpoint must start with http:// or https://, got {endpoint!r}")
-        region = region or env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1"
-        self._credentials = creds = Credentials(
-            access_key_id if access_key_id is not None else env("AWS_ACCESS_KEY_ID"),
-            secret_access_key if secret_access_key is not None else env("AWS_SECRET_ACCESS_KEY"),
-            session_token if session_token is not None else env("AWS_SESSION_TOKEN"),
-        )
-        self._control = S3Control(
-            bucket=self.bucket,
-            prefix=self.prefix,
+        self._control, self._store = connect(
+            url,
             endpoint=endpoint,
             region=region,
-            credentials=creds,
-            connect_timeout=connect_timeout,
-            read_timeout=request_timeout,
-            max_attempts=max_retries + 1,
+            keys=(access_key_id, secret_access_key, session_token),
+            timeouts=(connect_timeout, request_timeout),
+            max_retries=max_retries,
+            retry_timeout=retry_timeout,
+            backoff=(backoff_initial, backoff_max),
         )
+        self.bucket, self.prefix = self._control.bucket, self._control.prefix
         self.endpoint = self._control.endpoint
-        config: S3Config = {"region": region}
-        if endpoint is not None:
-            config["endpoint"] = endpoint
-        if creds.access_key_id is not None and creds.secret_access_key is not None:
-            config["access_key_id"] = creds.access_key_id
-            config["secret_access_key"] = creds.secret_access_key
-        if creds.session_token:
-            config["session_token"] = creds.session_token
-        seconds = dt.timedelta
-        try:
-            self._store = S3Store(
-                self.bucket,
-                prefix=self.prefix.rstrip("/") or None,
-                config=config,
-                client_options={
-                    "allow_http": endpoint is not None and endpoint.startswith("http://"),
-                    "connect_timeout": seconds(seconds=connect_timeout),
-                    "timeout": seconds(seconds=request_timeout),
-                },
-                retry_config={
-                    "max_retries": max_retries,
-                    "retry_timeout": seconds(seconds=retry_timeout),
-                    "backoff": {
-                        "init_backoff": seconds(seconds=backoff_initial),
-                        "max_backoff": seconds(seconds=backoff_max),
-                        "base": 2,
-                    },
-                },
-            )
-        except OBSTORE_ERRORS as exc:
-            reason = short_reason(str(exc), creds)
-            raise TierError(f"cannot configure the S3 store for {self.endpoint}: {reason}") from exc
-        self._control.check_bucket()
-        self.probe: S3Probe = self._control.probe(self._store)
+        self.probe: S3Probe = probe_bucket(self._control, self._store)
+        self._guard = self.probe.create_guard
+        # Removing a lost create's version under a default GOVERNANCE retention needs a bypass.
+        self._bypass = (self.probe.default_retention or "").startswith("GOVERNANCE")
         self._capabilities = TierCapabilities(
             atomic_rename=False,
-            conditional_put=self.probe.conditional_put,
+            conditional_put=self._guard.atomic,
             object_lock=self.probe.object_lock,
             durable=True,
             persistent=True,
@@ -226,7 +180,7 @@ class S3Tier(Tier):
 
     @property
     def capabilities(self) -> TierCapabilities:
-        """No atomic rename; conditional put and object lock as probed; durable."""
+        """No atomic rename; atomic create and object lock as probed; durable."""
         return self._capabilities
 
     def location(self, prefix: str = "") -> str:
@@ -238,21 +192,6 @@ class S3Tier(Tier):
         return (
             f"S3Tier(name={self.name!r}, location={self.location()!r}, endpoint={self.endpoint!r})"
         )
-
-    def _fail(self, op: str, key: str, exc: Exception) -> TierError:
-        """A TierError for obstore's ``exc``, naming the object and the endpoint."""
-        where = f"cannot {op} {key!r} ({self.location()}{key} at {self.endpoint})"
-        if isinstance(exc, FileNotFoundError) and op != "store":
-            return ObjectNotFoundError(f"{where}: no such object")
-        if isinstance(
-            exc, obstore.exceptions.AlreadyExistsError | obstore.exceptions.PreconditionError
-        ):
-            return ObjectExistsError(f"{where}: it already exists")
-        if isinstance(
-            exc, obstore.exceptions.PermissionDeniedError | obstore.exceptions.UnauthenticatedError
-        ):
-            return TierError(f"{where}: access denied; check the credentials")
-        return TierError(f"{where}: {short_reason(str(exc), self._credentials)}")
 
     # --- the data plane --------------------------------------------------------------
 
@@ -269,38 +208,42 @@ class S3Tier(Tier):
         Args:
             key: the object key.
             data: one buffer or an iterable of buffers.
-            mode: ``CREATE`` refuses an existing key (atomic where
-                ``capabilities.conditional_put``; single PUT, held in memory).
+            mode: ``CREATE`` refuses an existing key, atomically where
+                ``capabilities.conditional_put`` (see :attr:`probe`'s ``create_guard``).
             tags: S3 object tags to store with the object: in the same request
                 for a single PUT, set right after completion for a multipart upload.
 
         Raises:
             InvalidKeyError: ``key`` is invalid.
-            ObjectExistsError: ``mode`` is CREATE and ``key`` exists.
-            TierError: the upload failed (nothing is published), or the tags of a
-                multipart object could not be set (the object itself is stored).
+            ObjectExistsError: ``mode`` is CREATE and ``key`` exists, or another
+                creator of ``key`` won the race (its bytes stay, ours are removed).
+            TierError: the upload failed (nothing is published), the outcome of a
+                create could not be settled, or the tags of a multipart object
+                could not be set (the object itself is stored).
         """
         validate_key(key)
         tag_dict = check_tags(tags)
-        if mode is PutMode.CREATE and not self._capabilities.conditional_put and self.exists(key):
-            raise ObjectExistsError(f"object {key!r} already exists in {self.location()}")
         create = mode is PutMode.CREATE
+        if create and self._guard is not CreateGuard.IF_NONE_MATCH and self.exists(key):
+            raise ObjectExistsError(f"object {key!r} already exists in {self.location()}")
+        # obstore sends If-None-Match on single PUTs only; the other guards work with any.
+        single = create and self._guard is CreateGuard.IF_NONE_MATCH
         stream: PartStream | None = None
         if isinstance(data, bytes | bytearray | memoryview):
             payload: BytesLike | Iterator[bytearray] = memoryview(data).cast("B")
             size = memoryview(data).nbytes
-            multipart = size > self._part_size and not create
+            multipart = size > self._part_size and not single
         else:
             stream = PartStream(data, self._part_size)
             parts = stream.first_parts()  # the caller's errors surface here, before any I/O
-            multipart = len(parts) > 1 and not create
+            multipart = len(parts) > 1 and not single
             payload = parts[0] if len(parts) == 1 else stream.all_parts(parts)
         try:
-            obstore.put(
+            result = obstore.put(
                 self._store,
                 key,
                 payload,
-                mode="create" if create else "overwrite",
+                mode="create" if create and not multipart else "overwrite",
                 tags=None if multipart else tag_dict,
                 use_multipart=multipart,
                 chunk_size=self._part_size,
@@ -310,10 +253,14 @@ class S3Tier(Tier):
             if stream is not None and stream.error is not None:
                 raise stream.error from None  # the caller's own failure, unchanged
             if isinstance(exc, OBSTORE_ERRORS):
-                raise self._fail("store", key, exc) from exc
+                raise self._control.store_error("store", key, exc) from exc
             raise
+        # On a versioned bucket the latest version may already be another writer's.
+        version = result.get("version") if self.probe.versioning == "Enabled" else None
+        if create and self._guard is CreateGuard.OLDEST_VERSION:
+            settle_versioned_create(self._control, key, version, bypass_governance=self._bypass)
         if multipart and tag_dict:
-            self._control.put_tags(key, tag_dict)  # on failure: stored, but untagged
+            self._control.put_tags(key, tag_dict, version)  # on failure: stored, but untagged
         return ObjectInfo(key, size if stream is None else stream.size, None)
 
     def _open_range(self, key: str, start: int, end: int | None) -> GetResult | None:
@@ -338,7 +285,7 @@ class S3Tier(Tier):
                 check_range(key, size, start, end)
                 if start == size:
                     return None  # an empty read at the very end
-            raise self._fail("read", key, exc) from exc
+            raise self._control.store_error("read", key, exc) from exc
         check_range(key, result.meta["size"], start, end)
         return result
 
@@ -356,7 +303,7 @@ class S3Tier(Tier):
         try:
             return bytes(result.bytes())
         except OBSTORE_ERRORS as exc:
-            raise self._fail("read", key, exc) from exc
+            raise self._control.store_error("read", key, exc) from exc
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Stream the object's bytes from ``offset`` straight into ``out``, in 4 MiB pieces.
@@ -379,7 +326,7 @@ class S3Tier(Tier):
                 target[pos : pos + piece.nbytes] = piece
                 pos += piece.nbytes
         except OBSTORE_ERRORS as exc:
-            raise self._fail("read", key, exc) from exc
+            raise self._control.store_error("read", key, exc) from exc
         if pos != target.nbytes:
             raise TierError(
                 f"short read of {key!r} in {self.location()}: got {pos} of {target.nbytes} bytes"
@@ -391,7 +338,7 @@ class S3Tier(Tier):
         try:
             meta = obstore.head(self._store, key)
         except OBSTORE_ERRORS as exc:
-            raise self._fail("head", key, exc) from exc
+            raise self._control.store_error("head", key, exc) from exc
         return ObjectInfo(key, meta["size"], meta["last_modified"].timestamp())
 
     def list(self, prefix: str = "") -> Iterator[str]:
@@ -424,7 +371,7 @@ class S3Tier(Tier):
         try:
             obstore.delete(self._store, key)
         except OBSTORE_ERRORS as exc:
-            raise self._fail("delete", key, exc) from exc
+            raise self._control.store_error("delete", key, exc) from exc
         return True
 
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
@@ -480,8 +427,9 @@ class S3Tier(Tier):
         return self._capabilities.object_lock and self._control.get_legal_hold(key)
 
     def object_versions(self, key: str) -> builtins.list[str]:
-        """Version ids of ``key``, newest first (``"null"`` on unversioned buckets)."""
-        return self._control.versions(validate_key(key))
+        """Version ids of ``key``, newest first in the server's order ("null" if unversioned)."""
+        history = version_history(self._control, validate_key(key))
+        return [entry.version_id for entry in history if not entry.delete_marker]
 
 
 class PartStream:

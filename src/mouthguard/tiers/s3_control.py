@@ -1,48 +1,56 @@
-"""The S3 tier's control plane: what obstore cannot do, through botocore.
+"""The S3 tier's plumbing: both planes' clients, and the control plane through botocore.
 
-obstore carries the bytes; everything else goes through a botocore client built
-with the same endpoint and credentials (:class:`S3Control`): checking the bucket
-at open, reading its versioning and Object Lock configuration, measuring
-whether it honours conditional puts (:class:`S3Probe`), listing (see
-:mod:`mouthguard.tiers.s3` for why), object tags, legal holds, object versions
-and aborting abandoned multipart uploads.
+:func:`connect` resolves a tier's settings and opens both planes on the same
+endpoint and credentials: the obstore store that carries the bytes, and
+:class:`S3Control`, a botocore client for what obstore cannot do (checking the
+bucket at open, listing (see :mod:`mouthguard.tiers.s3` for why), tags, legal
+holds, aborting abandoned multipart uploads). What the server really does, and
+the version arbitration that keeps creates create-only where it ignores
+``If-None-Match``, are in :mod:`mouthguard.tiers.s3_probe` (``S3Probe`` is still
+importable from here).
 
 Hygiene shared by both planes lives here too: :class:`Credentials` is the only
 holder of the secrets (its ``repr`` shows none and :meth:`Credentials.redact`
-scrubs them out of any text bound for an error message), and every botocore
-failure becomes a :class:`~mouthguard.errors.TierError` naming the object and
-the endpoint. botocore has no type hints, so its objects are ``Any`` here.
+scrubs them out of any text bound for an error message), and every botocore or
+obstore failure becomes a :class:`~mouthguard.errors.TierError` naming the
+object and the endpoint. botocore has no type hints: its objects are ``Any``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import re
 import threading
-import time
-import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import botocore.session
-import obstore
 import obstore.exceptions
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from obstore.store import S3Store
 
-from mouthguard.errors import InvalidKeyError, ObjectNotFoundError, TierError
+from mouthguard.errors import InvalidKeyError, ObjectExistsError, ObjectNotFoundError, TierError
 from mouthguard.tiers.keys import validate_key
+
+if TYPE_CHECKING:
+    from obstore.store import S3Config
+
+    # Moved to s3_probe, which imports this module: re-exported lazily (see __getattr__);
+    # the redundant alias marks an explicit re-export for mypy --strict.
+    from mouthguard.tiers.s3_probe import S3Probe as S3Probe  # noqa: PLC0414
 
 #: What obstore raises: its own errors, plus builtins for missing objects
 #: (``FileNotFoundError``), network trouble (other ``OSError``) and bad arguments.
 OBSTORE_ERRORS = (obstore.exceptions.BaseError, OSError, ValueError)
-#: Where probe objects go, under the tier's prefix: dot-named, so never a valid
-#: key (no caller can collide with it) and never listed.
-PROBE_DIR = ".mouthguard-probe"
+_OBSTORE_EXISTS = (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError)
+_OBSTORE_DENIED = (
+    obstore.exceptions.PermissionDeniedError,
+    obstore.exceptions.UnauthenticatedError,
+)
 MAX_TAGS = 10  # S3's limit per object
 
 _MISSING = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchVersion"})
@@ -51,6 +59,7 @@ _DENIED = frozenset({"AccessDenied", "403", "SignatureDoesNotMatch", "InvalidAcc
 _NO_HOLD = frozenset({"NoSuchObjectLockConfiguration", "ObjectLockConfigurationNotFoundError"})
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,254}")  # AWS is stricter; Ceph is not
 _REASON_LIMIT = 300
+
 # The first call at open must fail fast on a dead endpoint: two tries, short waits.
 _OPEN_ATTEMPTS, _OPEN_CONNECT_TIMEOUT, _OPEN_READ_TIMEOUT = 2, 5.0, 10.0
 
@@ -191,45 +200,84 @@ def _make_client(
         )
 
 
-@dataclass(frozen=True)
-class S3Probe:
-    """What the S3 server behind a tier really does, measured when the tier opened.
+def connect(
+    url: str,
+    *,
+    endpoint: str | None,
+    region: str | None,
+    keys: tuple[str | None, str | None, str | None],
+    timeouts: tuple[float, float],
+    max_retries: int,
+    retry_timeout: float,
+    backoff: tuple[float, float],
+) -> tuple[S3Control, S3Store]:
+    """Both planes of the tier at ``url``, with the bucket checked: (botocore, obstore).
 
-    Attributes:
-        endpoint: the printable endpoint (no credentials).
-        bucket: the bucket probed.
-        conditional_put: a second create-only put (``If-None-Match: *``) of the
-            probe key was refused, so ``PutMode.CREATE`` is atomic on this bucket.
-        object_lock: Object Lock is enabled (legal holds are available).
-        versioning: ``"Enabled"``, ``"Suspended"``, ``"Off"`` or ``"unknown"``.
-        default_retention: the bucket's default Object Lock retention, if any.
-        notes: human-readable findings, one sentence each, for ``mouthguard doctor``.
-        seconds: how long the probe took.
+    Settings are those of ``S3Tier`` and default the same way: ``keys`` is (access
+    key id, secret access key, session token), each ``None`` taken from ``AWS_*``
+    like ``endpoint`` and ``region``; ``timeouts`` is (connect, whole request) and
+    ``backoff`` (first, longest), in seconds.
+
+    Raises:
+        TierError: a malformed URL or endpoint, half a key pair, a configuration
+            obstore refuses, or a missing bucket or dead endpoint (within seconds).
     """
-
-    endpoint: str
-    bucket: str
-    conditional_put: bool
-    object_lock: bool
-    versioning: str
-    default_retention: str | None
-    notes: tuple[str, ...]
-    seconds: float
-
-    def lines(self) -> list[str]:
-        """A short human-readable report: one fact per line, then the notes."""
-        retention = (
-            f", default retention {self.default_retention}" if self.default_retention else ""
+    bucket, prefix = parse_s3_url(url)
+    env = os.environ.get
+    endpoint = endpoint or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL") or None
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise TierError(f"S3 endpoint must start with http:// or https://, got {endpoint!r}")
+    region = region or env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1"
+    access, secret, token = keys
+    creds = Credentials(
+        access if access is not None else env("AWS_ACCESS_KEY_ID"),
+        secret if secret is not None else env("AWS_SECRET_ACCESS_KEY"),
+        token if token is not None else env("AWS_SESSION_TOKEN"),
+    )
+    control = S3Control(
+        bucket=bucket,
+        prefix=prefix,
+        endpoint=endpoint,
+        region=region,
+        credentials=creds,
+        connect_timeout=timeouts[0],
+        read_timeout=timeouts[1],
+        max_attempts=max_retries + 1,
+    )
+    config: S3Config = {"region": region}
+    if endpoint is not None:
+        config["endpoint"] = endpoint
+    if creds.access_key_id is not None and creds.secret_access_key is not None:
+        config["access_key_id"] = creds.access_key_id
+        config["secret_access_key"] = creds.secret_access_key
+    if creds.session_token:
+        config["session_token"] = creds.session_token
+    seconds = dt.timedelta
+    try:
+        store = S3Store(
+            bucket,
+            prefix=prefix.rstrip("/") or None,
+            config=config,
+            client_options={
+                "allow_http": endpoint is not None and endpoint.startswith("http://"),
+                "connect_timeout": seconds(seconds=timeouts[0]),
+                "timeout": seconds(seconds=timeouts[1]),
+            },
+            retry_config={
+                "max_retries": max_retries,
+                "retry_timeout": seconds(seconds=retry_timeout),
+                "backoff": {
+                    "init_backoff": seconds(seconds=backoff[0]),
+                    "max_backoff": seconds(seconds=backoff[1]),
+                    "base": 2,
+                },
+            },
         )
-        yes = {True: "yes", False: "no"}
-        return [
-            f"endpoint: {self.endpoint}, bucket: {self.bucket}",
-            f"conditional put (If-None-Match: *) honoured: {yes[self.conditional_put]}",
-            f"object lock: {yes[self.object_lock]}{retention}",
-            f"versioning: {self.versioning}",
-            *(f"note: {note}" for note in self.notes),
-            f"probe took {self.seconds:.2f} s",
-        ]
+    except OBSTORE_ERRORS as exc:
+        reason = control.reason(exc)
+        raise TierError(f"cannot configure the S3 store for {control.endpoint}: {reason}") from exc
+    control.check_bucket()
+    return control, store
 
 
 class S3Control:
@@ -281,6 +329,10 @@ class S3Control:
                 f"cannot configure the S3 client for {self.endpoint}: {reason}"
             ) from exc
 
+    def reason(self, exc: BaseException) -> str:
+        """``exc``'s message, short and without credentials, for an error message or a note."""
+        return short_reason(str(exc), self._credentials)
+
     def error(self, what: str, exc: Exception) -> TierError:
         """Translate a botocore exception about ``what`` (an operation and its object)."""
         where = f"cannot {what} at {self.endpoint}"
@@ -296,8 +348,20 @@ class S3Control:
         message = str(exc.response.get("Error", {}).get("Message") or "")
         return TierError(f"{where}: {short_reason(f'{code} {message}', self._credentials)}")
 
+    def store_error(self, op: str, key: str, exc: Exception) -> TierError:
+        """Translate obstore's ``exc`` from ``op`` (``store``, ``read``, ...) on ``key``."""
+        where = f"cannot {op} {key!r} (s3://{self.bucket}/{self.prefix}{key} at {self.endpoint})"
+        if isinstance(exc, FileNotFoundError) and op != "store":
+            return ObjectNotFoundError(f"{where}: no such object")
+        if isinstance(exc, _OBSTORE_EXISTS):
+            return ObjectExistsError(f"{where}: it already exists")
+        if isinstance(exc, _OBSTORE_DENIED):
+            return TierError(f"{where}: access denied; check the credentials")
+        return TierError(f"{where}: {self.reason(exc)}")
+
     @contextlib.contextmanager
-    def _errors(self, op: str, key: str) -> Iterator[None]:
+    def errors(self, op: str, key: str) -> Iterator[None]:
+        """Translate botocore failures of ``op`` on ``key`` (see :meth:`error`)."""
         try:
             yield
         except (ClientError, BotoCoreError) as exc:
@@ -319,117 +383,12 @@ class S3Control:
             reason = short_reason(str(exc), self._credentials)
             raise TierError(f"cannot reach the S3 endpoint {self.endpoint}: {reason}") from exc
 
-    def probe(self, store: S3Store) -> S3Probe:
-        """Measure what the bucket does: versioning, Object Lock, and real conditional puts.
-
-        A create-only put of a fresh probe key is sent twice through ``store``
-        (the tier's own data plane); conditional put counts as honoured only if
-        the second is refused. Ceph RGW, for one, ignores ``If-None-Match`` on
-        versioned and Object-Lock buckets, so this is measured on every open. The
-        probe object, every version of it, is deleted again (bypassing a default
-        GOVERNANCE retention); anything left is reported in the notes. Under a
-        default COMPLIANCE retention nothing is written, since no one could delete
-        it for the retention period: conditional put then counts as not honoured.
-        """
-        started = time.monotonic()
-        notes: list[str] = []
-        versioning = self._versioning(notes)
-        object_lock, retention = self._object_lock(notes)
-        name = f"{PROBE_DIR}/{uuid.uuid4().hex}"
-        conditional, wrote = False, False
-        if (retention or "").startswith("COMPLIANCE"):
-            notes.append(
-                "conditional put not measured: probe objects would be undeletable under the "
-                "default COMPLIANCE retention; PutMode.CREATE uses a non-atomic existence check"
-            )
-        else:
-            conditional, wrote = self._measure_create(store, name, versioning, notes)
-        if wrote:
-            try:
-                if versioning == "Off":
-                    obstore.delete(store, name)
-                else:
-                    self._delete_versions(self.prefix + name, (retention or "").startswith("GOV"))
-            except (*OBSTORE_ERRORS, ClientError, BotoCoreError) as exc:
-                reason = short_reason(str(exc), self._credentials)
-                notes.append(f"probe object {self.prefix + name!r} not removed ({reason})")
-        return S3Probe(
-            endpoint=self.endpoint,
-            bucket=self.bucket,
-            conditional_put=conditional,
-            object_lock=object_lock,
-            versioning=versioning,
-            default_retention=retention,
-            notes=tuple(notes),
-            seconds=time.monotonic() - started,
-        )
-
-    def _versioning(self, notes: list[str]) -> str:
-        try:
-            return str(self.client.get_bucket_versioning(Bucket=self.bucket).get("Status") or "Off")
-        except (ClientError, BotoCoreError) as exc:
-            notes.append(f"versioning unreadable ({short_reason(str(exc), self._credentials)})")
-            return "unknown"
-
-    def _object_lock(self, notes: list[str]) -> tuple[bool, str | None]:
-        try:
-            response = self.client.get_object_lock_configuration(Bucket=self.bucket)
-        except ClientError as exc:
-            if error_code(exc) not in {"ObjectLockConfigurationNotFoundError", "404"}:
-                notes.append(f"Object Lock unreadable ({error_code(exc)}): treated as off")
-            return False, None
-        except BotoCoreError as exc:
-            notes.append(f"Object Lock unreadable ({short_reason(str(exc), self._credentials)})")
-            return False, None
-        config = response.get("ObjectLockConfiguration", {})
-        rule = config.get("Rule", {}).get("DefaultRetention")
-        retention = None
-        if rule:
-            unit = "DAYS" if "Days" in rule else "YEARS"
-            retention = f"{rule.get('Mode', '?')} {rule.get('Days') or rule.get('Years')} {unit}"
-        return config.get("ObjectLockEnabled") == "Enabled", retention
-
-    def _measure_create(
-        self, store: S3Store, name: str, versioning: str, notes: list[str]
-    ) -> tuple[bool, bool]:
-        """Return (honoured, wrote): whether If-None-Match was enforced; whether we wrote."""
-        try:
-            obstore.put(store, name, b"mouthguard probe 1", mode="create", use_multipart=False)
-        except OBSTORE_ERRORS as exc:
-            reason = short_reason(str(exc), self._credentials)
-            notes.append(f"probe write failed ({reason}): conditional put treated as not honoured")
-            return False, False
-        try:
-            obstore.put(store, name, b"mouthguard probe 2", mode="create", use_multipart=False)
-        except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
-            notes.append("a second create-only put of the probe key was refused: CREATE is atomic")
-            return True, True
-        except OBSTORE_ERRORS as exc:
-            reason = short_reason(str(exc), self._credentials)
-            notes.append(f"second probe write failed ({reason}): conditional put not honoured")
-            return False, True
-        notes.append(
-            "the server IGNORED If-None-Match: a second create-only put of the probe key "
-            f"succeeded (versioning: {versioning}); PutMode.CREATE falls back to a "
-            "non-atomic existence check before the put"
-        )
-        return False, True
-
-    def _delete_versions(self, full_key: str, bypass_governance: bool) -> None:
-        response = self.client.list_object_versions(Bucket=self.bucket, Prefix=full_key)
-        extra = {"BypassGovernanceRetention": True} if bypass_governance else {}
-        for entry in [*response.get("Versions", []), *response.get("DeleteMarkers", [])]:
-            if entry["Key"] == full_key:
-                self.client.delete_object(
-                    Bucket=self.bucket, Key=full_key, VersionId=entry["VersionId"], **extra
-                )
-
     # --- listing -------------------------------------------------------------------
 
     def list_keys(self, prefix: str) -> list[str]:
         """Names (under the tier prefix) of all objects starting with ``prefix``, unfiltered."""
         full_prefix, keys = self.prefix + prefix, list[str]()
-        with self._errors("list", prefix or "/"):
+        with self.errors("list", prefix or "/"):
             pages = self.client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=self.bucket, Prefix=full_prefix):
                 keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
@@ -438,7 +397,7 @@ class S3Control:
     def common_prefixes(self, prefix: str) -> list[str]:
         """S3's ``CommonPrefixes`` below ``prefix`` (``/``-delimited), relative to it."""
         full_prefix, names = self.prefix + prefix, list[str]()
-        with self._errors("list", prefix or "/"):
+        with self.errors("list", prefix or "/"):
             pages = self.client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=self.bucket, Prefix=full_prefix, Delimiter="/"):
                 names.extend(
@@ -450,30 +409,31 @@ class S3Control:
 
     def get_tags(self, key: str) -> dict[str, str]:
         """The object's S3 tag set."""
-        with self._errors("read the tags of", key):
+        with self.errors("read the tags of", key):
             response = self.client.get_object_tagging(Bucket=self.bucket, Key=self.prefix + key)
         # Ceph RGW answers an empty body (no TagSet element) for an untagged object.
         return {tag["Key"]: tag["Value"] for tag in response.get("TagSet", [])}
 
-    def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
-        """Replace the object's S3 tag set."""
+    def put_tags(self, key: str, tags: Mapping[str, str], version_id: str | None = None) -> None:
+        """Replace the tag set of the object's ``version_id`` (default: the latest version)."""
         tag_set = [{"Key": k, "Value": v} for k, v in tags.items()]
-        with self._errors("tag", key):
+        version = {"VersionId": version_id} if version_id else {}
+        with self.errors("tag", key):
             self.client.put_object_tagging(
-                Bucket=self.bucket, Key=self.prefix + key, Tagging={"TagSet": tag_set}
+                Bucket=self.bucket, Key=self.prefix + key, Tagging={"TagSet": tag_set}, **version
             )
 
     def put_legal_hold(self, key: str, on: bool) -> None:
         """Place (``on``) or lift the legal hold on the object's latest version."""
         hold = {"Status": "ON" if on else "OFF"}
-        with self._errors("set the legal hold of", key):
+        with self.errors("set the legal hold of", key):
             self.client.put_object_legal_hold(
                 Bucket=self.bucket, Key=self.prefix + key, LegalHold=hold
             )
 
     def get_legal_hold(self, key: str) -> bool:
         """Whether a legal hold is on the object's latest version."""
-        with self._errors("read the legal hold of", key):
+        with self.errors("read the legal hold of", key):
             try:
                 response = self.client.get_object_legal_hold(
                     Bucket=self.bucket, Key=self.prefix + key
@@ -484,22 +444,6 @@ class S3Control:
                 raise
         return bool(response.get("LegalHold", {}).get("Status") == "ON")
 
-    def versions(self, key: str) -> list[str]:
-        """Version ids of exactly ``key``, newest first (delete markers excluded)."""
-        full_key = self.prefix + key
-        found: list[tuple[dt.datetime, str]] = []
-        with self._errors("list the versions of", key):
-            pages = self.client.get_paginator("list_object_versions")
-            for page in pages.paginate(Bucket=self.bucket, Prefix=full_key):
-                found.extend(
-                    (v["LastModified"], v["VersionId"])
-                    for v in page.get("Versions", [])
-                    if v["Key"] == full_key
-                )
-        # S3 lists newest first already; the stable sort keeps that order on ties.
-        found.sort(key=lambda item: item[0], reverse=True)
-        return [version for _, version in found]
-
     def abort_stale_uploads(self, prefix: str, cutoff: dt.datetime) -> int:
         """Abort multipart uploads under ``prefix`` initiated before ``cutoff``; return how many.
 
@@ -507,7 +451,7 @@ class S3Control:
         by another sweeper) is neither counted nor an error.
         """
         full_prefix, aborted = self.prefix + prefix, 0
-        with self._errors("abort the stale uploads under", prefix):
+        with self.errors("abort the stale uploads under", prefix):
             pages = self.client.get_paginator("list_multipart_uploads")
             for page in pages.paginate(Bucket=self.bucket, Prefix=full_prefix):
                 for upload in page.get("Uploads", []):
@@ -523,3 +467,14 @@ class S3Control:
                         continue
                     aborted += 1
         return aborted
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """Resolve names that moved to :mod:`mouthguard.tiers.s3_probe` (lazily: it imports us)."""
+        if name == "S3Probe":
+            from mouthguard.tiers.s3_probe import S3Probe  # noqa: PLC0415 - import cycle
+
+            return S3Probe
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
