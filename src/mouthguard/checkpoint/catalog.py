@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from dataclasses import dataclass
 
 from mouthguard.errors import InvalidKeyError
@@ -60,6 +61,11 @@ def manifest_key(run: str, step: int) -> str:
 def partial_prefix(run: str, step: int, txn: str) -> str:
     """Key prefix (ending with ``/``) of an in-progress save."""
     return f"{validate_run(run)}/{step_dir(step)}.partial-{txn}/"
+
+
+def new_txn_id() -> str:
+    """A random id naming one attempt (a save's staging area, a set-aside copy)."""
+    return uuid.uuid4().hex
 
 
 def rejected_prefix(run: str, step: int, txn: str) -> str:
@@ -141,8 +147,27 @@ def collect_partial_saves(
     """
     incomplete = tier.collect_incomplete(f"{validate_run(run)}/", grace_seconds)
     removed = []
-    for partial in partial_saves(tier, run, now=now):
+    for partial in [*partial_saves(tier, run, now=now), *uncommitted_steps(tier, run, now=now)]:
         if partial.age_seconds >= grace_seconds:
             tier.delete_prefix(partial.prefix)
             removed.append(partial)
     return GarbageReport(tier.name, removed, incomplete)
+
+
+def uncommitted_steps(tier: Tier, run: str, *, now: float | None = None) -> list[PartialSave]:
+    """Step directories holding objects but no manifest: never committed, so garbage.
+
+    On object stores (no rename) this is what a failed or killed save leaves; on
+    POSIX it only appears when a manifest was lost, and the grace period gives an
+    operator time to look before it goes.
+    """
+    now = time.time() if now is None else now
+    found = []
+    for step in step_dirs(tier, run):
+        if tier.exists(manifest_key(run, step)):
+            continue
+        prefix = checkpoint_prefix(run, step)
+        infos = [tier.head(key) for key in tier.list(prefix)]
+        newest = max((i.mtime or 0.0 for i in infos), default=0.0)
+        found.append(PartialSave(run, step, prefix, now - newest, sum(i.size for i in infos)))
+    return found

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.facts import gather, tier_facts
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
+from mouthguard.checkpoint.quarantine import set_aside
 from mouthguard.checkpoint.reader import load_copy, read_manifest, verify_copy
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
@@ -38,6 +39,7 @@ from mouthguard.errors import (
     CorruptCheckpointError,
     MouthguardError,
     NoValidCheckpointError,
+    ObjectExistsError,
     StateMismatchError,
     is_data_damage,
 )
@@ -192,9 +194,21 @@ class Checkpointer:
                 reference=reference,
             )
             commit(tier, staging, final, manifest)
+        except ObjectExistsError:
+            # Another writer committed (or is committing) this step: on tiers without
+            # rename our objects sit next to theirs, so nothing may be cleaned up here.
+            if staging != final:
+                _remove_quietly(tier, staging)
+            raise CheckpointExistsError(
+                f"checkpoint {self.run} step {step} was committed by another writer"
+            ) from None
         except BaseException:
             if staging != final:
                 _remove_quietly(tier, staging)
+            elif not tier.exists(catalog.manifest_key(self.run, step)):
+                # No rename (object stores): remove our own uncommitted rank file so
+                # a retry of this step is not blocked by it.
+                _remove_key_quietly(tier, final + catalog.rank_file_name(0))
             raise
         return manifest, tier
 
@@ -230,21 +244,16 @@ class Checkpointer:
 
         A resumed run that fell back past a damaged checkpoint will save that step
         again. The old copy is verified: if it is valid the save is refused; if it
-        is damaged it is renamed to an invisible ``<step>.rejected-<id>`` directory
-        (kept for inspection, never deleted here) so the new save can commit.
+        is damaged it is set aside (:func:`set_aside`: renamed to an invisible
+        ``<step>.rejected-<id>`` where the tier can rename) so the new save commits.
         """
         prefix = catalog.checkpoint_prefix(self.run, step)
         try:
             verify_copy(tier, prefix, read_manifest(tier, self.run, step))
         except MouthguardError as exc:
-            if not tier.capabilities.atomic_rename:
-                raise CheckpointExistsError(
-                    f"checkpoint {self.run} step {step} exists (damaged: {exc}) and tier "
-                    f"{tier.name!r} cannot set it aside"
-                ) from None
-            aside = catalog.rejected_prefix(self.run, step, new_transaction_id())
-            tier.rename_prefix(prefix.rstrip("/"), aside.rstrip("/"))
-            log.warning("set aside damaged %s step %d as %s: %s", self.run, step, aside, exc)
+            if not tier.exists(catalog.manifest_key(self.run, step)):
+                return  # set aside meanwhile (e.g. by the replicator): nothing in the way
+            set_aside(CopyRef(tier, self.run, step), str(exc))
             return
         raise CheckpointExistsError(f"checkpoint {self.run} step {step} already exists")
 
@@ -379,6 +388,22 @@ class Checkpointer:
         if step is not None:
             catalog.step_dir(step)
         rejected: builtins.list[Rejection] = []
+        try:
+            return self._load_first_valid(candidates, step, into, rejected)
+        finally:
+            # Repairs start only once this load is done reading: a repair racing it
+            # could set aside a copy the load is about to try.
+            service = self._background() if rejected else None
+            for damaged in sorted({r.step for r in rejected}) if service else ():
+                service.notify_commit(self.run, damaged)  # type: ignore[union-attr]
+
+    def _load_first_valid(
+        self,
+        candidates: builtins.list[int],
+        step: int | None,
+        into: object,
+        rejected: builtins.list[Rejection],
+    ) -> LoadedCheckpoint:
         for candidate in candidates:
             loaded = self._load_step(candidate, into, rejected, fallback=step is None)
             if loaded is not None:
@@ -421,9 +446,6 @@ class Checkpointer:
                 log.warning("rejected %s step %d on %s: %s", self.run, step, tier.name, exc)
                 if is_data_damage(exc):
                     self._report_damage(CopyRef(tier, self.run, step), str(exc))
-                    service = self._background()
-                    if service is not None:
-                        service.notify_commit(self.run, step)  # confirm and repair it
                 continue
             copy = CopyInfo(tier=tier.name, location=tier.location(prefix))
             info = CheckpointInfo.from_manifest(manifest, (copy,))
@@ -455,6 +477,14 @@ class Checkpointer:
             catalog.collect_partial_saves(tier, self.run, grace_seconds=grace_seconds)
             for tier in self.store.tiers
         ]
+
+
+def _remove_key_quietly(tier: Tier, key: str) -> None:
+    """Best-effort removal of one object of a failed save."""
+    try:
+        tier.delete(key)
+    except MouthguardError as exc:
+        log.warning("could not remove %s on %s: %s", key, tier.name, exc)
 
 
 def _remove_quietly(tier: Tier, prefix: str) -> None:

@@ -26,11 +26,11 @@ second pass over the data.
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Iterator
 
 import torch
 
+from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.catalog import checkpoint_prefix, partial_prefix, rank_file_name
 from mouthguard.errors import CheckpointExistsError, FormatError, ObjectExistsError
 from mouthguard.format.checksum import StreamHasher
@@ -46,7 +46,7 @@ WRITE_CHUNK_BYTES = 8 * 1024 * 1024
 
 def new_transaction_id() -> str:
     """A random id naming one save attempt's staging area."""
-    return uuid.uuid4().hex
+    return catalog.new_txn_id()
 
 
 def staging_prefix(tier: Tier, run: str, step: int, txn: str) -> str:

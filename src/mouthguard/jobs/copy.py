@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.quarantine import set_aside
 from mouthguard.checkpoint.reader import read_manifest, verify_copy
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
@@ -112,20 +113,6 @@ class _SourceStream:
                 f"source copy of {record.name} on {self.tier.name!r} is corrupt "
                 f"(manifest {record.checksum}, read {hasher.xxh3})"
             )
-
-
-def set_aside(ref: CopyRef, reason: str) -> None:
-    """Make a damaged committed copy invisible without destroying its bytes where possible."""
-    prefix = ref.prefix
-    if ref.tier.capabilities.atomic_rename:
-        aside = catalog.rejected_prefix(ref.run, ref.step, new_transaction_id())
-        ref.tier.rename_prefix(prefix.rstrip("/"), aside.rstrip("/"))
-        log.warning("set aside damaged copy %s as %s: %s", ref, aside, reason)
-        return
-    # No rename (object stores): uncommit by removing the manifest first, then the rest.
-    ref.tier.delete(prefix + MANIFEST_NAME)
-    ref.tier.delete_prefix(prefix)
-    log.warning("removed damaged copy %s: %s", ref, reason)
 
 
 def copy_checkpoint(

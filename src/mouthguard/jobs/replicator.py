@@ -21,17 +21,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
+from mouthguard.checkpoint.quarantine import set_aside
 from mouthguard.checkpoint.reader import read_manifest, verify_copy
 from mouthguard.checkpoint.sidecars import CopyRef, clear_damage, write_receipt
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError, is_data_damage
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.jobs.burst import BurstGate
-from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint, set_aside
-from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
+from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.placement import Placement, plan_placement, protection_status
-from mouthguard.tiers.base import Tier
+from mouthguard.tiers.base import PutMode, Tier
+
+#: Marks a copy whose objects mouthguard put under Object Lock legal hold.
+LEGAL_HOLD_MARKER = "sidecar.legal-hold.json"
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +110,12 @@ class Replicator:
             if result is not None:
                 report.copies.append(result)
                 good.append(self.store.tier(target))
-        if placement.legal_hold:
-            self._legal_hold(view, placement)
-        final = gather(self.store, run, step)
-        if final is not None and protection_status(final.facts, placement).state == "protected":
+        final = gather(self.store, run, step)  # now including the copies just made
+        if final is None:
+            return report
+        # Storage-level legal hold while critical or held; released once neither is true.
+        self._legal_hold(final, placement, on=placement.legal_hold or final.facts.held)
+        if protection_status(final.facts, placement).state == "protected":
             report.protected += 1
         return report
 
@@ -162,16 +168,32 @@ class Replicator:
         report.shortfalls.append(Shortfall(run, step, f"no intact source for a copy to {dst.name}"))
         return None
 
-    def _legal_hold(self, view: CheckpointView, placement: Placement) -> None:
+    def _legal_hold(self, view: CheckpointView, placement: Placement, *, on: bool) -> None:
+        """Place (or release) Object Lock legal holds on a copy's objects.
+
+        A ``sidecar.legal-hold.json`` marker records that mouthguard placed them,
+        so releasing costs one lookup per copy and never touches holds placed by
+        someone else on a checkpoint mouthguard never held.
+        """
         for tier in self.store.tiers:
-            if tier.name not in placement.targets or not tier.capabilities.object_lock:
+            if not tier.capabilities.object_lock or tier not in view.readable:
+                continue
+            if on and tier.name not in placement.targets:
                 continue
             ref = CopyRef(tier, view.facts.run, view.facts.step)
-            for name in [*(f.name for f in view.manifest.files), MANIFEST_NAME]:
-                try:
-                    tier.set_legal_hold(ref.key(name), True)
-                except MouthguardError as exc:
-                    log.warning("legal hold on %s/%s failed: %s", ref, name, exc)
+            marker = ref.key(LEGAL_HOLD_MARKER)
+            if not on and not tier.exists(marker):
+                continue
+            try:
+                for name in [*(f.name for f in view.manifest.files), MANIFEST_NAME]:
+                    tier.set_legal_hold(ref.key(name), on)
+                if on:
+                    tier.put(marker, b"{}", mode=PutMode.OVERWRITE)
+                else:
+                    tier.delete(marker)
+                    log.info("released the legal hold on %s (no longer critical or held)", ref)
+            except MouthguardError as exc:
+                log.warning("legal hold %s on %s failed: %s", "on" if on else "off", ref, exc)
 
     def run_once(self, runs: Iterable[str] | None = None) -> ReplicationReport:
         """One pass over every committed checkpoint (newest first within a run)."""

@@ -24,11 +24,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
 from mouthguard.checkpoint.sidecars import CopyRef, mark_trashed, restore_from_trash
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
-from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.deletion import CopyAction, decide_deletions
 from mouthguard.policy.placement import plan_placement

@@ -86,6 +86,9 @@ class BackgroundService:
         self._shortfalls: tuple[str, ...] = ()
         self._backlog_warning: str | None = None
         self._last_commit: float | None = None
+        # The first full pass after start picks up work from before this process
+        # (and from other processes); until it ran, the service is not idle.
+        self._full_pass_pending = True
         self._commit_interval: float | None = None
 
     # --- control -------------------------------------------------------------
@@ -125,7 +128,7 @@ class BackgroundService:
         """Block until nothing is queued or being copied; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
+            while self._queue or self._busy or self._full_pass_pending:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
@@ -164,6 +167,8 @@ class BackgroundService:
                 else:
                     report = self.replicator.run_once()
                     next_pass = time.monotonic() + self.interval
+                    with self._cond:
+                        self._full_pass_pending = False
                 self._record(report)
                 self._maybe_apply_retention()
             except Exception:
