@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 import warnings
@@ -14,9 +15,27 @@ from rich.console import Console
 
 import mouthguard
 from mouthguard.cli import demo as cli_demo
-from mouthguard.demo import DemoConfig, DemoEvent, DemoReport, Phase, SaveStatus
-from mouthguard.demo.scenario import corrupt_checkpoint, default_run_name, run_scenario
-from mouthguard.demo.worker import DemoError, WorkerProcess
+from mouthguard.demo import (
+    CopyCheck,
+    DamageKind,
+    DemoConfig,
+    DemoEvent,
+    DemoReport,
+    Phase,
+    SaveStatus,
+)
+from mouthguard.demo.damage import (
+    check_local_store,
+    corrupt_checkpoint,
+    delete_rank_file,
+    replica_checks,
+    set_aside_copies,
+    verify_run,
+)
+from mouthguard.demo.process import DemoError, WorkerProcess
+from mouthguard.demo.scenario import default_run_name, run_scenario
+from mouthguard.jobs.replicator import Replicator
+from mouthguard.tiers.memory import MemoryTier
 
 
 @dataclass
@@ -67,25 +86,71 @@ class TestScenario:
         assert not (kill.partial_dir / "manifest.json").exists()
         assert 0 < kill.bytes_on_disk < kill.expected_bytes
 
-    def test_corrupted_step_was_rejected_with_a_checksum_reason(self, demo_run: DemoRun) -> None:
+    def test_every_step_was_replicated_before_the_kill(self, demo_run: DemoRun) -> None:
         report = demo_run.report
-        bad = report.corruption
-        assert bad.step == max(report.kill.listed_after_kill)
-        assert bad.file.name == "rank-00000.safetensors"
-        rejected = [r for r in report.resume.rejections if r.step == bad.step]
-        assert len(rejected) == 1
-        assert "checksum" in rejected[0].reason
-        assert len(report.resume.warnings) == len(report.resume.rejections)
-        assert f"step {bad.step}" in report.resume.warnings[0]
-        assert report.corruption_rejected
+        assert report.tiers == ("fast", "durable")
+        copies = {(c.step, c.tier) for c in report.replicas if c.ok}
+        steps = report.kill.listed_after_kill
+        assert copies == {(s, t) for s in steps for t in report.tiers}
 
-    def test_resumed_from_the_previous_checkpoint(self, demo_run: DemoRun) -> None:
+    def test_damage_hit_both_copies_of_40_and_the_fast_file_of_30(self, demo_run: DemoRun) -> None:
         report = demo_run.report
-        assert report.resume.step == report.corruption.step - report.config.every
-        # Re-saving the corrupted step set the damaged copy aside and committed.
-        assert len(report.set_aside) == 1
-        assert report.set_aside[0].startswith(f"{report.corruption.step:012d}.rejected-")
+        assert report.lost_step == 40
+        damage = {(d.step, d.tier): d for d in report.damage}
+        assert set(damage) == {(40, "fast"), (40, "durable"), (30, "fast")}
+        assert damage[40, "fast"].kind is damage[40, "durable"].kind is DamageKind.CORRUPTED
+        assert damage[40, "fast"].offset == damage[40, "durable"].offset > 0
+        assert damage[40, "durable"].file.parts[-4] == "durable"
+        assert damage[30, "fast"].kind is DamageKind.DELETED
+        assert damage[30, "fast"].file.name == "rank-00000.safetensors"
+
+    def test_load_rejected_40_on_both_tiers_then_the_fast_copy_of_30(
+        self, demo_run: DemoRun
+    ) -> None:
+        resume = demo_run.report.resume
+        assert [(r.step, r.tier) for r in resume.rejections] == [
+            (40, "fast"),
+            (40, "durable"),
+            (30, "fast"),
+        ]
+        for rejection in resume.rejections[:2]:
+            assert "checksum mismatch" in rejection.reason
+        assert "no such file" in resume.rejections[2].reason
+        assert len(resume.warnings) == 3
+        assert "step 40 on tier 'fast'" in resume.warnings[0]
+        assert "step 40 on tier 'durable'" in resume.warnings[1]
+        assert demo_run.report.damage_rejected
+
+    def test_resumed_from_30_read_from_durable(self, demo_run: DemoRun) -> None:
+        report = demo_run.report
+        assert report.resume.step == report.lost_step - report.config.every == 30
+        assert report.resume.tier == "durable"
         assert report.listed_final == tuple(range(10, report.config.steps + 1, 10))
+
+    def test_damaged_copies_were_set_aside_by_save_and_by_replication(
+        self, demo_run: DemoRun
+    ) -> None:
+        aside = {(a.step, a.tier): a for a in demo_run.report.set_aside}
+        assert set(aside) == {(40, "fast"), (40, "durable"), (30, "fast")}
+        assert aside[40, "fast"].by == "the re-save of step 40"
+        assert aside[40, "durable"].by == aside[30, "fast"].by == "replication"
+        for (step, _), record in aside.items():
+            assert record.name.startswith(f"{step:012d}.rejected-")
+
+    def test_store_verified_on_both_tiers_and_fast_30_repaired(self, demo_run: DemoRun) -> None:
+        report = demo_run.report
+        steps = range(10, report.config.steps + 1, 10)
+        assert {(c.step, c.tier) for c in report.verification} == {
+            (s, t) for s in steps for t in report.tiers
+        }
+        assert report.store_verified
+        # The file deleted from the fast copy of 30 is back, and it verifies now too.
+        deleted = next(d for d in report.damage if d.kind is DamageKind.DELETED)
+        assert deleted.file.is_file()
+        store = mouthguard.open_store(demo_run.store)
+        again = {(c.step, c.tier): c.ok for c in verify_run(store, report.run)}
+        assert again[30, "fast"] and all(again.values())
+        assert "20 copies on 2 tiers verified, 0 invalid" in demo_run.output
 
     def test_resumed_run_matches_reference_bitwise(self, demo_run: DemoRun) -> None:
         ref, res = demo_run.report.reference, demo_run.report.resumed
@@ -99,7 +164,8 @@ class TestScenario:
     def test_final_checkpoint_restores_the_reference_weights(self, demo_run: DemoRun) -> None:
         # Independent of the workers' digests: load the last checkpoint here.
         report = demo_run.report
-        loaded = mouthguard.Checkpointer(demo_run.store, report.run).load()
+        ckpt = mouthguard.Checkpointer(demo_run.store, report.run, background=False)
+        loaded = ckpt.load()
         assert loaded.step == report.config.steps
         assert loaded.rejected == []
         state = loaded.state
@@ -109,9 +175,11 @@ class TestScenario:
     def test_save_records_tell_the_story(self, demo_run: DemoRun) -> None:
         saves = demo_run.report.saves
         statuses = {(s.step, s.phase): s.status for s in saves}
+        assert statuses[(30, Phase.TRAIN)] is SaveStatus.COMMITTED
         assert statuses[(40, Phase.TRAIN)] is SaveStatus.CORRUPTED
         assert statuses[(50, Phase.TRAIN)] is SaveStatus.KILLED
         assert statuses[(40, Phase.RESUME)] is SaveStatus.COMMITTED
+        assert (30, Phase.RESUME) not in statuses
         importance = {s.step: s.importance for s in saves}
         assert importance[10] == "routine"
         assert importance[20] == "milestone"
@@ -124,9 +192,25 @@ class TestScenario:
         text = demo_run.output
         assert "killed mid-save" in text
         assert "CheckpointFallbackWarning" in text
+        assert "read from tier durable" in text
+        assert "fast ✗→✓ durable ✓" in text  # step 30: deleted, then repaired
+        assert "fast ✗ durable ✗" in text  # step 40: lost on both tiers
+        assert "restored by background replication from durable" in text
         assert "bitwise identical" in text
         assert f"--store {demo_run.store} ls {demo_run.report.run}" in text
         assert f"verify {demo_run.report.run}" in text
+
+    def test_narrow_console_and_a_failed_verification(self, demo_run: DemoRun) -> None:
+        console = Console(record=True, width=80, force_terminal=False)
+        cli_demo._show(demo_run.report, console)
+        assert "fast ✓ durable ✓" in console.export_text()
+        broken = dataclasses.replace(
+            demo_run.report,
+            verification=(*demo_run.report.verification, CopyCheck(30, "fast", False, "boom")),
+        )
+        assert broken.matches and not broken.store_verified
+        cli_demo._show(broken, console)
+        assert "1 invalid" in console.export_text()
 
 
 def test_default_run_name() -> None:
@@ -142,19 +226,63 @@ def test_config_rejects_impossible_scenarios(kwargs: dict[str, float]) -> None:
         DemoConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_corrupt_checkpoint_makes_load_fall_back(ckpt: mouthguard.Checkpointer) -> None:
+def _save_two(ckpt: mouthguard.Checkpointer) -> None:
     for step in (1, 2):
         ckpt.save(
             step, {"w": torch.arange(1000, dtype=torch.float32) * step, "small": torch.ones(3)}
         )
+
+
+def test_corrupt_checkpoint_makes_load_fall_back(ckpt: mouthguard.Checkpointer) -> None:
+    _save_two(ckpt)
     record = corrupt_checkpoint(ckpt, 2)
-    assert (record.step, record.tensor, record.length) == (2, "w", 4)
+    assert (record.step, record.tier, record.tensor, record.length) == (2, "fast", "w", 4)
+    assert record.kind is DamageKind.CORRUPTED
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = ckpt.load()
     assert loaded.step == 1
     assert [r.step for r in loaded.rejected] == [2]
     assert any(issubclass(w.category, mouthguard.CheckpointFallbackWarning) for w in caught)
+
+
+def test_damage_on_both_tiers_and_its_inspection(ckpt: mouthguard.Checkpointer) -> None:
+    _save_two(ckpt)
+    checks = replica_checks(ckpt, [1])
+    assert [(c.tier, c.ok, c.reason) for c in checks] == [
+        ("fast", False, "not verified"),  # a save alone leaves no receipt
+        ("durable", False, "no copy"),
+    ]
+    Replicator(ckpt.store).run_once()
+    assert all(c.ok for c in replica_checks(ckpt, [1, 2]))
+    corrupt_checkpoint(ckpt, 2, "fast")
+    corrupt_checkpoint(ckpt, 2, "durable")
+    deleted = delete_rank_file(ckpt, 1, "fast")
+    assert not deleted.file.exists() and deleted.kind is DamageKind.DELETED
+    verdicts = {(c.step, c.tier): c.ok for c in verify_run(ckpt.store, "r")}
+    assert verdicts == {(1, "fast"): False, (1, "durable"): True, (2, "fast"): False,
+                        (2, "durable"): False}  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mouthguard.CheckpointFallbackWarning)
+        loaded = ckpt.load()
+    assert (loaded.step, loaded.tier) == (1, "durable")
+    assert [(r.step, r.tier) for r in loaded.rejected] == [(2, "fast"), (2, "durable"), (1, "fast")]
+    Replicator(ckpt.store).run_once()  # sets every damaged copy aside, repairs step 1 on fast
+    assert deleted.file.is_file()
+    assert [(s, t) for s, t, _ in set_aside_copies(ckpt.store, "r")] == [
+        (1, "fast"),
+        (2, "durable"),
+        (2, "fast"),
+    ]
+
+
+def test_demo_needs_local_tiers(tmp_path: Path) -> None:
+    check_local_store(mouthguard.open_store(tmp_path / "s"))
+    with pytest.raises(DemoError, match="two or more local directory tiers"):
+        check_local_store(mouthguard.Store([MemoryTier(name="fast")]))
+    local = mouthguard.open_store(tmp_path / "s").fast
+    with pytest.raises(DemoError, match="two or more local directory tiers"):
+        check_local_store(mouthguard.Store([local, MemoryTier(name="ram")]))
 
 
 @pytest.mark.slow

@@ -2,8 +2,10 @@
 
 The scenario itself (:mod:`mouthguard.demo.scenario`) does the work and returns
 a typed report; this module only displays: a live progress view while the
-worker processes run, then tables of checkpoints, the resume point and the
-bitwise comparison with the uninterrupted reference run.
+worker processes run, then the checkpoints and their copies on every tier, what
+happened in order (kill, damage, what ``load()`` rejected, where the resume read
+from, repairs), the final verification of the store, and the bitwise
+comparison with the uninterrupted reference run.
 """
 
 from __future__ import annotations
@@ -29,16 +31,26 @@ from rich.table import Table
 from rich.text import Text
 
 from mouthguard.cli.render import human_bytes
-from mouthguard.demo import DemoEvent, DemoReport, Phase, SaveRecord, SaveStatus
+from mouthguard.demo import (
+    DamageKind,
+    DemoEvent,
+    DemoReport,
+    Phase,
+    SaveRecord,
+    SaveStatus,
+)
+from mouthguard.demo.process import DemoError
 from mouthguard.demo.scenario import run_scenario
-from mouthguard.demo.worker import DemoError
 
 _PHASE_STYLE = {
     Phase.TRAIN: "cyan",
-    Phase.CORRUPT: "yellow",
+    Phase.DAMAGE: "yellow",
     Phase.RESUME: "green",
+    Phase.VERIFY: "magenta",
     Phase.REFERENCE: "blue",
 }
+#: Phases done by the scenario itself, at once: log lines, no progress bar.
+_INSTANT = {Phase.DAMAGE, Phase.VERIFY}
 _OK, _BAD = "[bold green]✓[/]", "[bold red]✗[/]"
 
 
@@ -60,7 +72,7 @@ class _ProgressView:
         self.current: Phase | None = None
 
     def __call__(self, event: DemoEvent) -> None:
-        if event.phase is not Phase.CORRUPT:  # corruption is instant: a log line, no bar
+        if event.phase not in _INSTANT:
             task = self._task(event)
             self.progress.update(task, completed=event.step)
             if event.loss is not None:  # notices without a loss keep the last one shown
@@ -105,7 +117,8 @@ def run_demo(store_path: Path, console: Console) -> int:
 
     Returns:
         0 if the resumed run ended bitwise identical to the uninterrupted
-        reference run, 1 if it did not or the scenario could not run.
+        reference run and every copy left in the store verified; 1 if not, or
+        if the scenario could not run.
 
     Raises:
         MouthguardError: the store cannot be opened (the CLI reports it).
@@ -113,9 +126,10 @@ def run_demo(store_path: Path, console: Console) -> int:
     """
     console.print(
         Panel(
-            "Train a model with periodic checkpoints, [red]SIGKILL[/] it in the middle of a save,"
-            " [yellow]corrupt[/] its newest checkpoint, resume in a new process, and compare with"
-            " a run that was never interrupted, bit for bit.",
+            "Train a model with periodic checkpoints replicated to a second tier,"
+            " [red]SIGKILL[/] it in the middle of a save, [yellow]corrupt[/] both copies of its"
+            " newest checkpoint and [yellow]delete[/] a file of the one before, resume in a new"
+            " process, and compare with a run that was never interrupted, bit for bit.",
             title="[bold]mouthguard demo[/]",
             expand=False,
         )
@@ -139,12 +153,12 @@ def run_demo(store_path: Path, console: Console) -> int:
             return 1
         view.finish()
     _show(report, console)
-    return 0 if report.matches else 1
+    return 0 if report.matches and report.store_verified else 1
 
 
 def _show(report: DemoReport, console: Console) -> None:
     console.print()
-    console.print(_checkpoints_table(report))
+    console.print(_checkpoints_table(report, console.width))
     console.print(_events_panel(report))
     console.print(_comparison_table(report))
     if report.matches:
@@ -155,54 +169,93 @@ def _show(report: DemoReport, console: Console) -> None:
         )
     else:
         console.print(f"{_BAD} [bold red]The resumed run differs from the reference.[/]")
+    console.print(f"{_check(report.store_verified)} {_verified(report)}", highlight=False)
     store = shlex.quote(str(report.store))
     console.print(
-        f"\nThe demo took {report.seconds:.1f} s. Its checkpoints are in [bold]{report.run_dir}[/]."
-        f"\nLook around:\n  mouthguard --store {store} ls {report.run}"
+        f"\nThe demo took {report.seconds:.1f} s. Its checkpoints are in [bold]{report.run_dir}[/]"
+        f" (and the other tiers of the store).\nLook around:"
+        f"\n  mouthguard --store {store} ls {report.run}"
         f"\n  mouthguard --store {store} verify {report.run}",
         highlight=False,
     )
 
 
+def _verified(report: DemoReport) -> str:
+    """``N copies on T tiers verified, K invalid``, naming the invalid ones."""
+    checks = report.verification
+    bad = [c for c in checks if not c.ok]
+    tiers = len({c.tier for c in checks})
+    text = f"{len(checks) - len(bad)} copies on {tiers} tiers verified, {len(bad)} invalid"
+    return text + "".join(f"\n  step {c.step} on {c.tier}: {c.reason}" for c in bad)
+
+
+def _resaved(report: DemoReport, step: int) -> bool:
+    return any(s.step == step and s.phase is Phase.RESUME for s in report.saves)
+
+
 def _status(report: DemoReport, save: SaveRecord) -> str:
     if save.status is SaveStatus.KILLED:
-        return "[bold red]killed mid-save[/]: never visible in list()"
+        return "[bold red]killed mid-save[/], never in list()"
+    if save.phase is not Phase.TRAIN:
+        return save.detail or "[green]committed[/]"
+    damage = [d for d in report.damage if d.step == save.step]
     if save.status is SaveStatus.CORRUPTED:
-        reasons = [r.reason for r in report.resume.rejections if r.step == save.step]
-        # The reason's gist; the whole message is in the "What happened" panel.
-        why = reasons[0].split(" (", 1)[0].split(": ")[-1] if reasons else "[red]NOT rejected[/]"
-        return f"[bold yellow]corrupted[/] → [bold]rejected[/]: {why}"
-    text = "[green]committed[/]"
-    if save.phase is Phase.TRAIN and save.step == report.resume.step:
-        text += " → [bold green]resume point[/]"
-    return f"{text}, {save.detail}" if save.detail else text
+        rejected = {r.tier for r in report.resume.rejections if r.step == save.step}
+        tiers = [d.tier for d in damage]
+        why = "[bold]rejected[/]" if rejected >= set(tiers) else "[red]NOT rejected[/]"
+        return f"[bold yellow]corrupted on {' and '.join(tiers)}[/] → {why}"
+    parts = [
+        f"[yellow]{'file ' if d.kind is DamageKind.DELETED else ''}{d.kind} on {d.tier}[/]"
+        for d in damage
+    ]
+    if save.step == report.resume.step:
+        parts.append(f"[bold green]resume point[/], read from {report.resume.tier}")
+    return " → ".join(parts) or "[green]committed[/]"
 
 
-def _checkpoints_table(report: DemoReport) -> Table:
+def _copies(report: DemoReport, save: SaveRecord) -> str:
+    """Each tier's copy: ✓ verified, ✗ damaged (→ ✓ repaired), · none."""
+    if save.status is SaveStatus.KILLED:
+        return "[dim]none: partial dir[/]"
+    final = {c.tier: c.ok for c in report.verification if c.step == save.step}
+    if save.phase is Phase.TRAIN:
+        marks = {c.tier: c.ok for c in report.replicas if c.step == save.step}
+        damaged = {d.tier for d in report.damage if d.step == save.step}
+        repaired = {} if _resaved(report, save.step) else final
+    else:
+        marks, damaged, repaired = final, set(), {}
+    cells = []
+    for tier in report.tiers:
+        if tier in damaged:
+            mark = _BAD + (f"→{_OK}" if repaired.get(tier) else "")
+        else:
+            mark = _check(marks[tier]) if tier in marks else "[dim]·[/]"
+        cells.append(f"{tier} {mark}")
+    return " ".join(cells)
+
+
+def _checkpoints_table(report: DemoReport, width: int) -> Table:
+    """One row per save attempt; below 100 columns without size and duration (see the panel)."""
+    wide = width >= 100
     table = Table(
         title=f"Checkpoints of run {report.run}, as written", box=box.SIMPLE_HEAD, padding=(0, 1)
     )
-    table.add_column("step", justify="right")
-    table.add_column("importance")
-    table.add_column("size", justify="right")
-    table.add_column("save", justify="right")
+    table.add_column("step", justify="right", no_wrap=True)
+    table.add_column("importance", no_wrap=True)
+    if wide:
+        table.add_column("size", justify="right", no_wrap=True)
+        table.add_column("save", justify="right", no_wrap=True)
     table.add_column("by")
+    table.add_column("copies")
     table.add_column("status")
     for save in report.saves:
-        if save.status is SaveStatus.KILLED:
-            share = save.nbytes / max(report.kill.expected_bytes, 1)
-            size, seconds = f"{human_bytes(save.nbytes)} ({share:.0%})", "killed"
-        else:
-            size, seconds = human_bytes(save.nbytes), f"{save.seconds:.2f} s"
+        killed = save.status is SaveStatus.KILLED
         style = _PHASE_STYLE[save.phase]
-        table.add_row(
-            str(save.step),
-            save.importance,
-            size,
-            seconds,
-            f"[{style}]{save.phase}[/]",
-            _status(report, save),
-        )
+        cells = [str(save.step), save.importance]
+        if wide:
+            cells += [human_bytes(save.nbytes), "killed" if killed else f"{save.seconds:.2f} s"]
+        cells += [f"[{style}]{save.phase}[/]", _copies(report, save), _status(report, save)]
+        table.add_row(*cells)
     return table
 
 
@@ -210,18 +263,15 @@ def _check(ok: bool) -> str:
     return _OK if ok else _BAD
 
 
-def _short(path: Path, base: Path) -> str:
-    """``path`` relative to ``base``, long random hex ids abbreviated (for reading, not pasting)."""
-    try:
-        text = str(path.relative_to(base))
-    except ValueError:
-        text = str(path)
-    return re.sub(r"([0-9a-f]{8})[0-9a-f]{24,}", r"\1…", text)
+def _short(text: str | Path, base: Path | None = None) -> str:
+    """``text`` (relative to ``base``), long hex ids abbreviated (for reading, not pasting)."""
+    if isinstance(text, Path) and base is not None and text.is_relative_to(base):
+        text = text.relative_to(base)
+    return re.sub(r"([0-9a-f]{8})[0-9a-f]{24,}", r"\1…", str(text))
 
 
 def _events_panel(report: DemoReport) -> Panel:
-    kill, bad, resume = report.kill, report.corruption, report.resume
-    hidden = report.killed_step_hidden
+    kill, resume = report.kill, report.resume
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
@@ -231,39 +281,69 @@ def _events_panel(report: DemoReport) -> Panel:
         " from torch's, NumPy's and Python's RNGs; all of it in every checkpoint"
         f" ({human_bytes(kill.expected_bytes)})",
     )
+    listed = ", ".join(map(str, kill.listed_after_kill)) or "nothing"
+    replicated = all(c.ok for c in report.replicas)
+    grid.add_row(
+        "replicate",
+        f"{_check(replicated)} steps {listed}: each verified on {' and '.join(report.tiers)}"
+        " before training went on",
+    )
     grid.add_row(
         "[red]kill[/]",
         f"SIGKILL to pid {kill.pid} with {human_bytes(kill.bytes_on_disk)} of"
         f" {human_bytes(kill.expected_bytes)} of step {kill.step} written"
         f" ({_short(kill.file, report.run_dir)})",
     )
-    listed = ", ".join(map(str, kill.listed_after_kill)) or "nothing"
+    hidden = report.killed_step_hidden
     grid.add_row(
         "list()",
         f"{_check(hidden)} right after the kill: steps {listed}; step {kill.step} is"
         f" {'not ' if hidden else ''}there",
     )
-    grid.add_row(
-        "[yellow]corrupt[/]",
-        f"{bad.length} bytes flipped in tensor {bad.tensor} of step {bad.step}"
-        f" ({_short(bad.file, report.run_dir)}, byte {bad.offset:,})",
-    )
+    for d in report.damage:
+        where = _short(d.file, d.file.parent.parent)
+        if d.kind is DamageKind.DELETED:
+            grid.add_row("[yellow]delete[/]", f"step {d.step} on {d.tier}: {where} deleted")
+        else:
+            grid.add_row(
+                "[yellow]corrupt[/]",
+                f"step {d.step} on {d.tier}: {d.length} bytes flipped in tensor {d.tensor}"
+                f" ({where}, byte {d.offset:,})",
+            )
     for warning in resume.warnings:
-        grid.add_row("load()", f"[yellow]⚠ CheckpointFallbackWarning[/]: {warning}")
-    if not report.corruption_rejected:
-        grid.add_row("load()", f"{_BAD} the corrupted step {bad.step} was not rejected")
+        text = warning.replace(f"checkpoint {report.run} ", "", 1).replace(f"{report.run}/", "")
+        text = re.sub(r" \(/[^)]*\)|; trying another copy.*$", "", text)
+        grid.add_row("load()", f"[yellow]⚠ CheckpointFallbackWarning[/]: {_short(text)}")
+    if not report.damage_rejected:
+        grid.add_row("load()", f"{_BAD} a damaged copy was not rejected")
     loss = "" if resume.loss is None else f", loss there {resume.loss:.4f}"
     grid.add_row(
         "[green]resume[/]",
-        f"from step [bold]{resume.step}[/], every byte verified ({resume.seconds:.2f} s{loss});"
-        f" trained on to step {report.resumed.step}",
+        f"from step [bold]{resume.step}[/], read from tier [bold]{resume.tier}[/], every byte"
+        f" verified ({resume.seconds:.2f} s{loss}); trained on to step {report.resumed.step}",
     )
-    for name in report.set_aside:
+    final = {(c.step, c.tier): c.ok for c in report.verification}
+    for d in report.damage:
+        if _resaved(report, d.step):
+            continue
+        ok = final.get((d.step, d.tier), False)
+        sources = [c.tier for c in report.verification if c.step == d.step and c.tier != d.tier]
+        grid.add_row(
+            "repair",
+            f"{_check(ok)} {d.tier} copy of step {d.step}"
+            + (
+                f" restored by background replication from {', '.join(sources)}, verified"
+                if ok
+                else " not repaired"
+            ),
+        )
+    # The re-save's set-aside came first; then replication's, newest step first.
+    for aside in sorted(report.set_aside, key=lambda a: (a.by == "replication", -a.step)):
         grid.add_row(
             "set aside",
-            f"re-saving step {bad.step} moved the damaged copy to"
-            f" {_short(report.run_dir / name, report.run_dir)}",
+            f"step {aside.step} on {aside.tier} → {_short(aside.name)}, by {aside.by}",
         )
+    grid.add_row("verify", f"{_check(report.store_verified)} {_verified(report)}")
     return Panel(grid, title="What happened", title_align="left", expand=False)
 
 
@@ -272,7 +352,7 @@ def _comparison_table(report: DemoReport) -> Table:
     table = Table(title="Final state: reference vs resumed", box=box.SIMPLE_HEAD)
     table.add_column("")
     table.add_column("reference\n(never interrupted)")
-    table.add_column("resumed\n(killed, corrupted)")
+    table.add_column("resumed\n(killed, damaged)")
     table.add_column("match", justify="center")
     rows = (
         ("final step", str(ref.step), str(res.step)),

@@ -1,8 +1,9 @@
-"""``mouthguard demo``: watch a training run survive a crash mid-save and a corrupted checkpoint.
+"""``mouthguard demo``: watch a training run survive a crash mid-save and lost checkpoints.
 
 The package holds the demo's training job (:mod:`~mouthguard.demo.training`),
-the worker process that trains and checkpoints (:mod:`~mouthguard.demo.worker`)
-and the scenario that drives workers and reports (:mod:`~mouthguard.demo.scenario`).
+the worker process that trains and checkpoints (:mod:`~mouthguard.demo.worker`),
+the on-disk damage the scenario inflicts (:mod:`~mouthguard.demo.damage`) and
+the scenario that drives workers and reports (:mod:`~mouthguard.demo.scenario`).
 This module defines the scenario's vocabulary: its configuration, progress
 events and the typed report it returns (plain frozen dataclasses, no I/O).
 """
@@ -17,7 +18,9 @@ from mouthguard.checkpoint.info import Rejection
 from mouthguard.demo.training import TrainConfig
 
 __all__ = [
-    "CorruptionRecord",
+    "CopyCheck",
+    "DamageKind",
+    "DamageRecord",
     "DemoConfig",
     "DemoEvent",
     "DemoReport",
@@ -27,6 +30,7 @@ __all__ = [
     "ResumeRecord",
     "SaveRecord",
     "SaveStatus",
+    "SetAsideRecord",
 ]
 
 
@@ -34,8 +38,9 @@ class Phase(enum.StrEnum):
     """The scenario's phases (values are display names)."""
 
     TRAIN = "first run"
-    CORRUPT = "corruption"
+    DAMAGE = "damage"
     RESUME = "resumed run"
+    VERIFY = "verify"
     REFERENCE = "reference"
 
 
@@ -47,6 +52,13 @@ class SaveStatus(enum.StrEnum):
     CORRUPTED = "corrupted"
 
 
+class DamageKind(enum.StrEnum):
+    """How the scenario damaged a committed copy."""
+
+    CORRUPTED = "corrupted"
+    DELETED = "deleted"
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """Sizes and timings of the scenario (defaults: the ``mouthguard demo`` run).
@@ -56,8 +68,9 @@ class DemoConfig:
         every: checkpoint interval in steps.
         milestone_every: steps between ``milestone`` checkpoints (others are routine,
             the final one critical).
-        kill_at_save: the first run is killed during its n-th save (>= 3, so one
-            checkpoint can be corrupted and an older one is left to resume from).
+        kill_at_save: the first run is killed during its n-th save (>= 3: the newest
+            committed checkpoint is then lost on every tier, and the one before it,
+            which lost its fast copy, is left to resume from).
         throttle_seconds: how long the throttled save would take if not killed.
         kill_fraction: kill once this fraction of that save's bytes is on disk.
         seed: seed of the job (model init, teacher, RNGs).
@@ -135,21 +148,48 @@ class KillRecord:
 
 
 @dataclass(frozen=True)
-class CorruptionRecord:
-    """Where the bytes of a committed checkpoint were flipped."""
+class CopyCheck:
+    """The verdict on one committed copy (``reason`` says why it is not ``ok``)."""
 
     step: int
+    tier: str
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class DamageRecord:
+    """Damage done on disk to one committed copy.
+
+    ``CORRUPTED``: ``length`` bytes flipped at ``offset`` of ``file``, inside
+    ``tensor``. ``DELETED``: ``file`` removed (offset, length and tensor unused).
+    """
+
+    step: int
+    tier: str
+    kind: DamageKind
     file: Path
-    offset: int
-    length: int
-    tensor: str
+    offset: int = 0
+    length: int = 0
+    tensor: str = ""
+
+
+@dataclass(frozen=True)
+class SetAsideRecord:
+    """A damaged copy moved out of the way (kept for inspection), and who moved it."""
+
+    step: int
+    tier: str
+    name: str
+    by: str
 
 
 @dataclass(frozen=True)
 class ResumeRecord:
-    """What the resumed run loaded, how long that took, and what it rejected on the way."""
+    """What the resumed run loaded, from which tier, and what it rejected on the way."""
 
     step: int
+    tier: str
     seconds: float
     loss: float | None
     rejections: tuple[Rejection, ...]
@@ -170,21 +210,29 @@ class FinalState:
 
 @dataclass(frozen=True)
 class DemoReport:
-    """Everything the scenario did and found; ``matches`` is the verdict."""
+    """Everything the scenario did and found; ``matches`` is the verdict.
+
+    ``replicas`` are the copies of every checkpoint right after the kill (by
+    their verification receipts); ``verification`` is the full read-back of every
+    committed copy of the run at the end, as ``mouthguard verify`` does it.
+    """
 
     run: str
     store: Path
     run_dir: Path
+    tiers: tuple[str, ...]
     config: DemoConfig
     params: int
     saves: tuple[SaveRecord, ...]
     kill: KillRecord
-    corruption: CorruptionRecord
+    replicas: tuple[CopyCheck, ...]
+    damage: tuple[DamageRecord, ...]
     resume: ResumeRecord
     reference: FinalState
     resumed: FinalState
     listed_final: tuple[int, ...]
-    set_aside: tuple[str, ...]
+    set_aside: tuple[SetAsideRecord, ...]
+    verification: tuple[CopyCheck, ...]
     seconds: float
 
     @property
@@ -204,6 +252,17 @@ class DemoReport:
         return self.kill.step not in self.kill.listed_after_kill
 
     @property
-    def corruption_rejected(self) -> bool:
-        """``load()`` rejected the corrupted checkpoint instead of resuming from it."""
-        return any(r.step == self.corruption.step for r in self.resume.rejections)
+    def damage_rejected(self) -> bool:
+        """``load()`` rejected every damaged copy it met instead of resuming from one."""
+        rejected = {(r.step, r.tier) for r in self.resume.rejections}
+        return all((d.step, d.tier) in rejected for d in self.damage if d.step >= self.resume.step)
+
+    @property
+    def store_verified(self) -> bool:
+        """Every committed copy of the run passed the final read-back."""
+        return bool(self.verification) and all(c.ok for c in self.verification)
+
+    @property
+    def lost_step(self) -> int:
+        """The newest committed checkpoint, lost on every tier (the scenario's target)."""
+        return max(self.kill.listed_after_kill)

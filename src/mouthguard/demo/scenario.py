@@ -1,17 +1,28 @@
-"""The ``mouthguard demo`` scenario: train, kill mid-save, corrupt, resume, compare.
+"""The ``mouthguard demo`` scenario: train, kill mid-save, damage, resume, verify, compare.
 
-Phases, each a real ``python -m mouthguard.demo.worker`` process:
+On a store of two local tiers, ``fast`` and ``durable`` (the default layout),
+checkpoints are replicated in the background. Phases (the training ones are
+real ``python -m mouthguard.demo.worker`` processes):
 
-1. **train** - a fresh run checkpoints every ``every`` steps. Its
-   ``kill_at_save``-th save goes through a throttled tier; once a fraction of
-   that save is on disk the process gets ``SIGKILL``. ``Checkpointer.list()`` is
-   then taken to show the killed step never became visible.
-2. **corrupt** - a few bytes of the newest committed checkpoint's tensor data
-   are flipped on disk.
-3. **resume** - a new process loads the newest *valid* checkpoint (``load()``
-   rejects the corrupted one with a ``CheckpointFallbackWarning``), restores
-   the whole training state and trains to the end, checkpointing again.
-4. **reference** - the same job trains uninterrupted, without checkpoints.
+1. **train** - a fresh run checkpoints every ``every`` steps and waits after
+   each save until it is replicated, so every committed step has a verified copy
+   on both tiers. Its ``kill_at_save``-th save goes through a throttled tier;
+   once a fraction of that save is on disk the process gets ``SIGKILL``.
+   ``Checkpointer.list()`` is then taken to show the killed step never became
+   visible.
+2. **damage** - on disk, behind mouthguard's back: a few bytes are flipped in
+   *every* copy of the newest committed checkpoint (it is lost for real), and
+   the fast copy of the one before loses its rank file.
+3. **resume** - a new process loads the newest *valid* checkpoint: ``load()``
+   rejects the lost step on both tiers and the damaged fast copy of the one
+   before (a ``CheckpointFallbackWarning`` each), and reads that step's intact
+   ``durable`` copy. It trains to the end, checkpointing again: re-saving the
+   lost step sets its damaged fast copy aside, and background replication sets
+   the other damaged copies aside, repairs the fast copy from ``durable`` and
+   replicates the new checkpoints. The worker waits for replication to finish.
+4. **verify** - every committed copy of the run on every tier is read back, as
+   ``mouthguard verify`` does.
+5. **reference** - the same job trains uninterrupted, without checkpoints.
 
 The final loss and digests of every weight and optimizer tensor of the resumed
 and reference runs must be bitwise identical. Nothing here prints: progress goes
@@ -23,20 +34,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import os
 import signal
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from mouthguard.checkpoint.checkpointer import Checkpointer
-from mouthguard.checkpoint.info import Rejection
 from mouthguard.checkpoint.store import open_store
 from mouthguard.demo import (
-    CorruptionRecord,
+    CopyCheck,
+    DamageKind,
+    DamageRecord,
     DemoConfig,
     DemoEvent,
     DemoReport,
@@ -46,55 +55,29 @@ from mouthguard.demo import (
     ResumeRecord,
     SaveRecord,
     SaveStatus,
+    SetAsideRecord,
 )
-from mouthguard.demo.worker import DemoError, Event, WorkerProcess
+from mouthguard.demo.damage import (
+    check_local_store,
+    corrupt_checkpoint,
+    delete_rank_file,
+    replica_checks,
+    set_aside_copies,
+    verify_run,
+)
+from mouthguard.demo.process import (
+    DemoError,
+    Event,
+    WorkerProcess,
+    event_field,
+    final_state,
+    resume_record,
+)
 
-T = TypeVar("T")
-
-
-def _field(event: Event, key: str, kind: type[T]) -> T:
-    """``event[key]`` checked to be a ``kind`` (ints are accepted as floats)."""
-    value = event.get(key)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise DemoError(f"malformed worker event {event.get('event')!r}: {key}={value!r}")
-    return value
-
-
-def _final_state(event: Event) -> FinalState:
-    return FinalState(
-        step=_field(event, "step", int),
-        loss=_field(event, "loss", float),
-        loss_hex=_field(event, "loss_hex", str),
-        weights_sha256=_field(event, "weights_sha256", str),
-        optimizer_sha256=_field(event, "optimizer_sha256", str),
-        tensors=_field(event, "tensors", int),
-    )
-
-
-def _resume_record(event: Event) -> ResumeRecord:
-    rejected = event.get("rejected")
-    warned = event.get("warnings")
-    if not isinstance(rejected, list) or not isinstance(warned, list):
-        raise DemoError(f"malformed resumed event: {event!r}")
-    loss = event.get("loss")
-    return ResumeRecord(
-        step=_field(event, "step", int),
-        seconds=_field(event, "seconds", float),
-        loss=float(loss) if isinstance(loss, int | float) else None,
-        rejections=tuple(
-            Rejection(_field(r, "step", int), _field(r, "tier", str), _field(r, "reason", str))
-            for r in rejected
-            if isinstance(r, dict)
-        ),
-        warnings=tuple(str(w) for w in warned),
-    )
-
+__all__ = ["EventCallback", "corrupt_checkpoint", "default_run_name", "run_scenario"]
 
 EventCallback = Callable[[DemoEvent], None]
 _POLL_SECONDS = 0.01
-_FLIPPED_BYTES = 4
 
 
 def default_run_name(now: dt.datetime | None = None) -> str:
@@ -118,41 +101,6 @@ def _dir_bytes(directory: Path) -> tuple[int, Path | None]:
     return total, largest
 
 
-def corrupt_checkpoint(checkpointer: Checkpointer, step: int) -> CorruptionRecord:
-    """Flip a few bytes in the middle of the largest tensor of ``step``'s rank file.
-
-    The file is located through the public ``Checkpointer.info`` and parsed as
-    plain safetensors (an 8-byte little-endian header length, a JSON header,
-    then the data), exactly as an outside tool would see it.
-
-    Raises:
-        DemoError: the checkpoint is not a local file with tensor data.
-    """
-    info = checkpointer.info(step)
-    assert info is not None  # info() raises rather than return None without missing_ok
-    record = info.files[0]
-    path = Path(info.copies[0].location) / record.name
-    with path.open("r+b") as handle:
-        (header_len,) = struct.unpack("<Q", handle.read(8))
-        if not 0 < header_len < record.size:
-            raise DemoError(f"{path} does not look like a safetensors file")
-        header = json.loads(handle.read(header_len))
-        spans = {k: v["data_offsets"] for k, v in header.items() if k != "__metadata__"}
-        if not spans:
-            raise DemoError(f"{path} holds no tensors to corrupt")
-        tensor = max(spans, key=lambda k: spans[k][1] - spans[k][0])
-        begin, end = spans[tensor]
-        offset = 8 + header_len + (begin + end) // 2
-        handle.seek(offset)
-        original = handle.read(_FLIPPED_BYTES)
-        handle.seek(offset)
-        handle.write(bytes(b ^ 0xFF for b in original))
-        handle.flush()
-        # Durable like real bit rot: the resume must find the damage on disk.
-        os.fsync(handle.fileno())
-    return CorruptionRecord(step, path, offset, len(original), tensor)
-
-
 class _Scenario:
     """One demo run; holds what the phases learn. Use :func:`run_scenario`."""
 
@@ -161,20 +109,20 @@ class _Scenario:
     ):
         self.config = config
         self.store = open_store(store_path)
-        fast = self.store.fast
-        if not (fast.capabilities.persistent and fast.capabilities.atomic_rename):
-            raise DemoError(f"the demo needs a local directory as fast tier, not {fast!r}")
+        check_local_store(self.store)
         self.run = run or self._fresh_run_name()
-        self.run_dir = Path(fast.location(f"{self.run}/"))
-        self.checkpointer = Checkpointer(self.store, self.run)
+        self.run_dir = Path(self.store.fast.location(f"{self.run}/"))
+        # The parent only looks (and damages): replication is the workers' business.
+        self.checkpointer = Checkpointer(self.store, self.run, background=False)
         self.on_event = on_event
         self.saves: list[SaveRecord] = []
+        self.set_aside_by_save: dict[str, int] = {}  # directory name -> step re-saved
         self.params = 0
         self.resumed_from: ResumeRecord | None = None
 
     def _fresh_run_name(self) -> str:
         base = default_run_name()
-        taken = set(self.store.fast.list_dirs(""))
+        taken = {run for tier in self.store.tiers for run in tier.list_dirs("")}
         for attempt in range(1, 100):  # bounded: two demos in one second are rare
             name = base if attempt == 1 else f"{base}-{attempt}"
             if name not in taken and not Path(self.store.fast.location(f"{name}/")).exists():
@@ -196,6 +144,7 @@ class _Scenario:
             "--seed": c.seed,
             "--hidden": c.hidden,
             "--depth": c.depth,
+            "--replication-timeout": c.phase_timeout,
         }
         args = [str(part) for pair in options.items() for part in pair] + list(extra)
         return WorkerProcess(args, timeout=c.phase_timeout)
@@ -204,45 +153,57 @@ class _Scenario:
         """Apply one worker event (any phase); return the run's final state on ``done``."""
         kind = event["event"]
         if kind == "start":
-            self.params = _field(event, "params", int)
+            self.params = event_field(event, "params", int)
         elif kind == "step":
-            self._emit(phase, _field(event, "step", int), loss=_field(event, "loss", float))
+            self._emit(
+                phase, event_field(event, "step", int), loss=event_field(event, "loss", float)
+            )
         elif kind == "resumed":
-            self.resumed_from = _resume_record(event)
+            resumed = self.resumed_from = resume_record(event)
             rejected = (
-                ", ".join(f"step {r.step}" for r in self.resumed_from.rejections) or "nothing"
+                ", ".join(f"step {r.step} on {r.tier}" for r in resumed.rejections) or "nothing"
             )
             self._emit(
                 phase,
-                self.resumed_from.step,
-                f"load() rejected {rejected}; resumed from step {self.resumed_from.step}",
+                resumed.step,
+                f"load() rejected {rejected}; resumed from step {resumed.step},"
+                f" read from tier {resumed.tier}",
             )
         elif kind == "saved":
-            step = _field(event, "step", int)
-            before = {s.status for s in self.saves if s.step == step}
-            detail = (
-                "re-save; damaged copy set aside"
-                if SaveStatus.CORRUPTED in before
-                else "re-save of the killed step"
-                if SaveStatus.KILLED in before
-                else ""
-            )
-            self.saves.append(
-                SaveRecord(
-                    step,
-                    _field(event, "importance", str),
-                    phase,
-                    SaveStatus.COMMITTED,
-                    _field(event, "bytes", int),
-                    _field(event, "seconds", float),
-                    detail,
-                )
-            )
+            self._saved(phase, event)
         elif kind == "done":
-            return _final_state(event)
+            return final_state(event)
         elif kind == "error":
             raise DemoError(f"the {phase} worker failed: {event.get('message')}")
         return None
+
+    def _saved(self, phase: Phase, event: Event) -> None:
+        step = event_field(event, "step", int)
+        aside = event.get("set_aside", [])
+        if not isinstance(aside, list):
+            raise DemoError(f"malformed saved event: {event!r}")
+        self.set_aside_by_save.update((str(name), step) for name in aside)
+        before = {s.status for s in self.saves if s.step == step}
+        detail = (
+            "re-saved, damaged fast copy set aside"
+            if aside
+            else "re-saved"
+            if SaveStatus.CORRUPTED in before
+            else "re-save of the killed step"
+            if SaveStatus.KILLED in before
+            else ""
+        )
+        self.saves.append(
+            SaveRecord(
+                step,
+                event_field(event, "importance", str),
+                phase,
+                SaveStatus.COMMITTED,
+                event_field(event, "bytes", int),
+                event_field(event, "seconds", float),
+                detail,
+            )
+        )
 
     def _drive(self, phase: Phase, worker: WorkerProcess) -> FinalState:
         """Feed a worker's events to :meth:`_handle` until it is done and has exited."""
@@ -265,10 +226,12 @@ class _Scenario:
             "--throttle-seconds",
             str(self.config.throttle_seconds),
         )
-        with self._worker(*throttle) as worker:
+        with self._worker(*throttle, "--wait-replicated") as worker:
             while (event := worker.next_event()) is not None:
                 if event["event"] == "saving" and event.get("step") == kill_step:
-                    return self._kill_mid_save(worker, kill_step, _field(event, "importance", str))
+                    return self._kill_mid_save(
+                        worker, kill_step, event_field(event, "importance", str)
+                    )
                 if self._handle(Phase.TRAIN, event) is not None:
                     break
             raise worker.failure(f"the first run never reached the save of step {kill_step}")
@@ -312,25 +275,42 @@ class _Scenario:
         )
         return KillRecord(step, pid, partials[0], largest or partials[0], on_disk, expected, listed)
 
-    def corrupt(self, listed: tuple[int, ...]) -> CorruptionRecord:
-        """Phase 2: flip bytes in the newest committed checkpoint."""
+    def replicas(self, listed: tuple[int, ...]) -> tuple[CopyCheck, ...]:
+        """Which verified copies the first run left (it waited for each replication)."""
+        checks = replica_checks(self.checkpointer, listed)
+        missing = [f"step {c.step} on {c.tier}" for c in checks if not c.ok]
+        if missing:
+            raise DemoError(
+                "the first run left checkpoints without a verified copy on every tier"
+                f" ({', '.join(missing)}): is the store's policy replicating them?"
+            )
+        return checks
+
+    def damage(self, listed: tuple[int, ...]) -> tuple[DamageRecord, ...]:
+        """Phase 2: corrupt every copy of the newest checkpoint, lose a file of the one before."""
         if len(listed) < 2:
             raise DemoError(
-                f"need two committed checkpoints to corrupt one and fall back, have {list(listed)}"
+                f"need two committed checkpoints to lose one and fall back, have {list(listed)}"
             )
-        record = corrupt_checkpoint(self.checkpointer, listed[-1])
+        lost, previous = listed[-1], listed[-2]
+        records = [
+            corrupt_checkpoint(self.checkpointer, lost, tier.name) for tier in self.store.tiers
+        ]
+        records.append(delete_rank_file(self.checkpointer, previous, self.store.fast.name))
         self.saves = [
             dataclasses.replace(s, status=SaveStatus.CORRUPTED)
-            if s.step == record.step and s.status is SaveStatus.COMMITTED
+            if s.step == lost and s.status is SaveStatus.COMMITTED
             else s
             for s in self.saves
         ]
-        self._emit(
-            Phase.CORRUPT,
-            record.step,
-            f"flipped {record.length} bytes of {record.tensor} in step {record.step}",
-        )
-        return record
+        for record in records:
+            what = (
+                f"deleted {record.file.name}"
+                if record.kind is DamageKind.DELETED
+                else f"flipped {record.length} bytes of {record.tensor}"
+            )
+            self._emit(Phase.DAMAGE, record.step, f"{what} in step {record.step} on {record.tier}")
+        return tuple(records)
 
     def resume(self) -> tuple[ResumeRecord, FinalState]:
         """Phase 3: resume from the newest valid checkpoint and train to the end."""
@@ -340,8 +320,29 @@ class _Scenario:
             raise DemoError("the resumed run never reported what it loaded")
         return self.resumed_from, final
 
+    def set_aside(self) -> tuple[SetAsideRecord, ...]:
+        """The damaged copies set aside, and who did it (a save, or background replication)."""
+        records = []
+        for step, tier, name in set_aside_copies(self.store, self.run):
+            resaved = self.set_aside_by_save.get(name) if tier == self.store.fast.name else None
+            by = f"the re-save of step {resaved}" if resaved is not None else "replication"
+            records.append(SetAsideRecord(step, tier, name, by))
+        return tuple(records)
+
+    def verify(self) -> tuple[CopyCheck, ...]:
+        """Phase 4: read back every committed copy of the run on every tier."""
+        checks = verify_run(self.store, self.run)
+        tiers = len({c.tier for c in checks})
+        bad = sum(not c.ok for c in checks)
+        self._emit(
+            Phase.VERIFY,
+            self.config.steps,
+            f"{len(checks) - bad} copies on {tiers} tiers verified, {bad} invalid",
+        )
+        return checks
+
     def reference(self) -> FinalState:
-        """Phase 4: the same job, uninterrupted and never checkpointed."""
+        """Phase 5: the same job, uninterrupted and never checkpointed."""
         with self._worker("--no-checkpoints") as worker:
             return self._drive(Phase.REFERENCE, worker)
 
@@ -357,7 +358,7 @@ def run_scenario(
 
     Args:
         store_path: the store directory (created if missing) or a ``mouthguard.toml``
-            whose fast tier is a local directory.
+            whose tiers are all local directories (at least two).
         config: sizes and timings; the defaults are the ``mouthguard demo`` scenario.
         run: the run name; default ``demo-<UTC timestamp>`` (unused in the store).
         on_event: called from this thread with progress and notable moments.
@@ -374,22 +375,28 @@ def run_scenario(
     started = time.monotonic()
     scenario = _Scenario(store_path, config or DemoConfig(), run, on_event)
     kill = scenario.train_and_kill()
-    corruption = scenario.corrupt(kill.listed_after_kill)
+    replicas = scenario.replicas(kill.listed_after_kill)
+    damage = scenario.damage(kill.listed_after_kill)
     resumed_from, resumed = scenario.resume()
+    set_aside = scenario.set_aside()
+    verification = scenario.verify()
     reference = scenario.reference()
     return DemoReport(
         run=scenario.run,
         store=Path(store_path),
         run_dir=scenario.run_dir,
+        tiers=tuple(t.name for t in scenario.store.tiers),
         config=scenario.config,
         params=scenario.params,
         saves=tuple(scenario.saves),
         kill=kill,
-        corruption=corruption,
+        replicas=replicas,
+        damage=damage,
         resume=resumed_from,
         reference=reference,
         resumed=resumed,
         listed_final=tuple(info.step for info in scenario.checkpointer.list()),
-        set_aside=tuple(sorted(p.name for p in scenario.run_dir.glob("*.rejected-*"))),
+        set_aside=set_aside,
+        verification=verification,
         seconds=time.monotonic() - started,
     )

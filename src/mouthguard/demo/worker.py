@@ -6,40 +6,49 @@ JSON lines on stdout, one object per line, flushed at once so a parent can act
 on them while the process runs::
 
     {"event": "start", "pid": 4242, "step": 0, "params": 2430016, ...}
-    {"event": "resumed", "step": 30, "rejected": [{"step": 40, ...}], ...}
+    {"event": "resumed", "step": 30, "tier": "durable", "rejected": [{"step": 40, ...}], ...}
     {"event": "step", "step": 31, "loss": 0.0123}
     {"event": "saving", "step": 50, "importance": "routine", "throttled": true, ...}
-    {"event": "saved", "step": 50, "importance": "routine", "seconds": 0.09, "bytes": 29144800}
+    {"event": "saved", "step": 50, "importance": "routine", "seconds": 0.09, "bytes": 29144800,
+     "set_aside": []}
+    {"event": "replicated", "step": 50, "seconds": 0.12}
     {"event": "done", "step": 100, "loss_hex": "0x1.9p-7", "weights_sha256": "...", ...}
     {"event": "error", "message": "..."}      # then exit status 1
 
 Modes: a fresh run (default), ``--resume`` (load the newest valid checkpoint of
-the run, reporting every checkpoint ``load()`` rejected on the way), and
+the run, reporting every copy ``load()`` rejected on the way), and
 ``--no-checkpoints`` (the reference: same training, never saved, never
 interrupted). ``--throttle-step`` makes the save of that step go through a
 :class:`~mouthguard.tiers.throttle.ThrottledTier` lasting about
 ``--throttle-seconds``, so that a parent can kill the process in the middle of it.
+
+Replication: on a store with several tiers the checkpointer replicates in a
+background thread. ``--wait-replicated`` waits after every (unthrottled) save
+until the checkpoint is replicated, so that a kill finds every committed step
+on every tier; every run that finishes waits for replication before ``done``.
+A resumed run saves without replication until it has saved again every step
+``load()`` rejected, then hands the damage ``load()`` found to replication:
+so the save onto a damaged step sets that step's damaged fast copy aside
+itself, and no background repair ever races ``load()`` or that save for the
+same copy (the demo's story is then the same on every machine).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
-import queue
-import subprocess
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from types import TracebackType
 
+from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
+from mouthguard.checkpoint.info import LoadedCheckpoint
 from mouthguard.checkpoint.store import Store, open_store
+from mouthguard.demo.process import DemoError, WorkerProcess  # re-exported: the protocol's two ends
 from mouthguard.demo.training import (
     Job,
     TrainConfig,
@@ -52,7 +61,11 @@ from mouthguard.demo.training import (
 )
 from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
 from mouthguard.format.state_tree import iter_tensors
+from mouthguard.jobs.service import service_for
+from mouthguard.policy.importance import Importance
 from mouthguard.tiers.throttle import ThrottledTier
+
+__all__ = ["DemoError", "WorkerProcess", "build_parser", "emit", "main", "run"]
 
 
 def emit(event: str, **fields: object) -> None:
@@ -78,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--no-checkpoints", action="store_true", help="reference run: never save")
     parser.add_argument("--throttle-step", type=int, default=None, help="pace this step's save")
     parser.add_argument("--throttle-seconds", type=float, default=3.0, help="its target duration")
+    parser.add_argument(
+        "--wait-replicated",
+        action="store_true",
+        help="after every unthrottled save, wait until it is replicated",
+    )
+    parser.add_argument(
+        "--replication-timeout", type=float, default=60.0, help="bound on each such wait"
+    )
     return parser
 
 
@@ -86,7 +107,7 @@ def state_bytes(state: object) -> int:
     return sum(t.numel() * t.element_size() for _, t in iter_tensors(state))
 
 
-def _resume(job: Job, checkpointer: Checkpointer) -> None:
+def _resume(job: Job, checkpointer: Checkpointer) -> LoadedCheckpoint:
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CheckpointFallbackWarning)
@@ -111,16 +132,93 @@ def _resume(job: Job, checkpointer: Checkpointer) -> None:
     emit(
         "resumed",
         step=loaded.step,
+        tier=loaded.tier,
         seconds=time.perf_counter() - started,
         loss=saved_loss if isinstance(saved_loss, float) else None,
         rejected=[{"step": r.step, "tier": r.tier, "reason": r.reason} for r in loaded.rejected],
         warnings=[str(w.message) for w in fallback],
     )
+    return loaded
 
 
 def _throttled(store: Store, run: str, rate: float) -> Checkpointer:
+    """A checkpointer whose fast tier writes at ``rate``; it never replicates (it gets killed)."""
     tiers = [ThrottledTier(store.fast, rate), *store.tiers[1:]]
-    return Checkpointer(Store(tiers, source=store.source), run)
+    throttled = Store(tiers, source=store.source, policy=store.policy)
+    return Checkpointer(throttled, run, background=False)
+
+
+def _set_aside(store: Store, run: str, step: int) -> set[str]:
+    """Names of the damaged copies of ``step`` set aside on the fast tier so far."""
+    prefix = f"{catalog.step_dir(step)}.rejected-"
+    return {d for d in store.fast.list_dirs(f"{run}/") if d.startswith(prefix)}
+
+
+class _Checkpointing:
+    """The worker's saves: where each goes, and replication around them.
+
+    ``replicating`` replicates in the background (on a store with several
+    tiers); ``quiet`` never does: it loads a resumed run and saves up to the
+    newest step that load rejected (see the module docstring), after which the
+    rejected copies are handed to replication.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        store = open_store(args.store)
+        self.replicating = Checkpointer(store, args.run)
+        self.quiet = Checkpointer(store, args.run, background=False)
+        self.rejected: list[int] = []  # steps load() rejected, still to hand to replication
+
+    def resume(self, job: Job) -> None:
+        """Load the newest valid checkpoint into ``job`` (quietly: no repair races the load)."""
+        loaded = _resume(job, self.quiet)
+        self.rejected = sorted({r.step for r in loaded.rejected})
+
+    def _start_repairs(self) -> None:
+        """Hand the steps ``load()`` rejected to background replication, as ``load()`` would."""
+        if self.rejected and self.replicating.background:
+            service = service_for(self.replicating.store)
+            for step in self.rejected:
+                service.notify_commit(self.args.run, step)
+        self.rejected = []
+
+    def _wait_replicated(self, step: int) -> None:
+        started, timeout = time.perf_counter(), self.args.replication_timeout
+        if not self.replicating.wait_replicated(timeout):
+            raise MouthguardError(f"replication did not finish within {timeout:.0f} s")
+        emit("replicated", step=step, seconds=time.perf_counter() - started)
+
+    def save(self, step: int, state: dict[str, object], importance: Importance) -> None:
+        """Save ``state`` as ``step`` (throttled if asked), reporting ``saving`` and ``saved``."""
+        target, rate = self.replicating, None
+        if self.rejected and step <= self.rejected[-1]:
+            target = self.quiet
+        else:
+            self._start_repairs()
+        if step == self.args.throttle_step:
+            rate = state_bytes(state) / max(self.args.throttle_seconds, 1e-3)
+            target = _throttled(target.store, self.args.run, rate)
+        emit(
+            "saving", step=step, importance=importance.value, throttled=rate is not None, rate=rate
+        )
+        before = _set_aside(target.store, self.args.run, step)
+        info = target.save(step, state, importance)
+        emit(
+            "saved",
+            step=step,
+            importance=importance.value,
+            seconds=info.save_seconds,
+            bytes=info.nbytes,
+            set_aside=sorted(_set_aside(target.store, self.args.run, step) - before),
+        )
+        if self.args.wait_replicated and rate is None:
+            self._wait_replicated(step)
+
+    def finish(self, step: int) -> None:
+        """Wait until every checkpoint (and repair) is replicated."""
+        self._start_repairs()  # if no save came after the rejected steps
+        self._wait_replicated(step)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -128,7 +226,7 @@ def run(args: argparse.Namespace) -> None:
 
     Raises:
         ValueError: the arguments are inconsistent.
-        MouthguardError: a save or the resume's load failed.
+        MouthguardError: a save, the resume's load or replication failed.
     """
     if args.every < 1 or args.steps < 0:
         raise ValueError(f"need --every >= 1 and --steps >= 0, got {args.every} and {args.steps}")
@@ -137,38 +235,21 @@ def run(args: argparse.Namespace) -> None:
     )
     job = build_job(config)
     emit("start", pid=os.getpid(), step=0, params=parameter_count(job), total_steps=args.steps)
-    checkpointer = None
-    if not args.no_checkpoints:
-        store = open_store(args.store)
-        checkpointer = Checkpointer(store, args.run)
-        if args.resume:
-            _resume(job, checkpointer)
+    saves = None if args.no_checkpoints else _Checkpointing(args)
+    if saves is not None and args.resume:
+        saves.resume(job)
     loss = job.state.metadata.get("loss")
     while job.state.step < config.total_steps:
         loss = train_step(job)
         step = job.state.step
         emit("step", step=step, loss=loss)
-        if checkpointer is None or step % args.every != 0:
-            continue
-        importance = importance_for(
-            step, total_steps=args.steps, milestone_every=args.milestone_every
-        )
-        state = job.state.state_dict()
-        target, rate = checkpointer, None
-        if step == args.throttle_step:
-            rate = state_bytes(state) / max(args.throttle_seconds, 1e-3)
-            target = _throttled(checkpointer.store, args.run, rate)
-        emit(
-            "saving", step=step, importance=importance.value, throttled=rate is not None, rate=rate
-        )
-        info = target.save(step, state, importance)
-        emit(
-            "saved",
-            step=step,
-            importance=importance.value,
-            seconds=info.save_seconds,
-            bytes=info.nbytes,
-        )
+        if saves is not None and step % args.every == 0:
+            importance = importance_for(
+                step, total_steps=args.steps, milestone_every=args.milestone_every
+            )
+            saves.save(step, job.state.state_dict(), importance)
+    if saves is not None:
+        saves.finish(job.state.step)
     final = float(loss) if isinstance(loss, float) else math.nan
     emit(
         "done",
@@ -190,163 +271,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit("error", message=f"{type(exc).__name__}: {exc}")
         return 1
     return 0
-
-
-# --- the parent's side of the protocol -------------------------------------------
-
-
-class DemoError(RuntimeError):
-    """The demo could not play its scenario: a worker failed or hung, or the disk surprised it."""
-
-
-Event = dict[str, object]
-
-
-class WorkerProcess:
-    """A running worker, read from the parent: its JSON events arrive through a queue.
-
-    Two daemon threads drain stdout (parsed into events) and stderr (last lines
-    kept for error messages), so the pipes never fill and every wait can have a
-    deadline. Use as a context manager: leaving the block kills the worker if it
-    still runs, so no worker outlives a failed scenario.
-
-    Args:
-        args: the worker's command-line arguments.
-        timeout: seconds any single wait (next event, exit) may take.
-    """
-
-    def __init__(self, args: Sequence[str], *, timeout: float) -> None:
-        self.timeout = timeout
-        self.events_seen: list[Event] = []
-        self._events: queue.Queue[Event | None] = queue.Queue()
-        self._stderr: collections.deque[str] = collections.deque(maxlen=30)
-        self._pending: collections.deque[Event] = collections.deque()
-        self._eof = False
-        self._proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module, no shell
-            [sys.executable, "-m", "mouthguard.demo.worker", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=_child_env(),
-        )
-        self._threads = [
-            threading.Thread(target=self._read_stdout, daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    @property
-    def pid(self) -> int:
-        """The worker's process id."""
-        return self._proc.pid
-
-    def returncode(self) -> int | None:
-        """The exit status, or ``None`` while it runs."""
-        return self._proc.poll()
-
-    def _read_stdout(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                self._stderr.append(line.rstrip())  # stray output: keep it for diagnostics
-                continue
-            if isinstance(event, dict) and isinstance(event.get("event"), str):
-                self._events.put(event)
-        self._events.put(None)
-
-    def _read_stderr(self) -> None:
-        assert self._proc.stderr is not None
-        for line in self._proc.stderr:
-            self._stderr.append(line.rstrip())
-
-    def _pull(self, timeout: float | None) -> Event | None:
-        """Move one event from the reader thread into ``_pending``; None at end or if none yet."""
-        try:
-            event = self._events.get(timeout=timeout) if timeout else self._events.get_nowait()
-        except queue.Empty:
-            if timeout:
-                raise self.failure(f"worker {self.pid} sent nothing for {timeout:.0f} s") from None
-            return None
-        if event is None:
-            self._eof = True
-            return None
-        self.events_seen.append(event)
-        self._pending.append(event)
-        return event
-
-    def next_event(self) -> Event | None:
-        """The next event; ``None`` once the worker closed stdout (exited).
-
-        Raises:
-            DemoError: no event within ``timeout`` seconds (the worker is hung).
-        """
-        if not self._pending and not self._eof:
-            self._pull(self.timeout)
-        return self._pending.popleft() if self._pending else None
-
-    def saw(self, kind: str, step: int) -> bool:
-        """Whether the worker has sent an event ``kind`` for ``step`` so far (never blocks).
-
-        Events looked at here are still returned by :meth:`next_event` later.
-        """
-        for _ in range(10_000):  # bounded: at most what the worker has sent meanwhile
-            if self._eof or self._pull(None) is None:
-                break
-        return any(e["event"] == kind and e.get("step") == step for e in self.events_seen)
-
-    def reap(self) -> int:
-        """Wait (bounded) for the worker to exit; kill it if it does not. Returns the status."""
-        try:
-            return self._proc.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-            raise self.failure(
-                f"worker {self.pid} did not exit within {self.timeout:.0f} s"
-            ) from None
-
-    def failure(self, what: str) -> DemoError:
-        """A :class:`DemoError` for ``what``, with the exit status and the last stderr lines."""
-        tail = "\n".join(self._stderr)
-        status = self._proc.poll()
-        return DemoError(
-            f"{what} (exit status {status})" + (f"; its stderr ends with:\n{tail}" if tail else "")
-        )
-
-    def close(self) -> None:
-        """Kill the worker if it still runs, then collect it and its reader threads."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait(timeout=10)
-        for thread in self._threads:
-            thread.join(timeout=5)
-        for stream in (self._proc.stdout, self._proc.stderr):
-            if stream is not None:
-                stream.close()
-
-    def __enter__(self) -> WorkerProcess:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def _child_env() -> dict[str, str]:
-    """The parent's environment, with this very ``mouthguard`` first on the import path."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # the directory holding ``mouthguard/``
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 if __name__ == "__main__":
