@@ -29,12 +29,15 @@ from mouthguard.checkpoint.store import Store
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.replicator import ReplicationReport, Replicator
 from mouthguard.jobs.retention import apply_retention
+from mouthguard.jobs.scrub import DEFAULT_MAX_AGE_SECONDS, scrub
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_SECONDS = 30.0
 #: Retention passes are cheap but not urgent: nothing is purged before the trash delay.
 DEFAULT_RETENTION_INTERVAL_SECONDS = 300.0
+#: Scrub passes re-read copies whose receipt is older than the scrub age.
+DEFAULT_SCRUB_INTERVAL_SECONDS = 3600.0
 _STOP_TIMEOUT_SECONDS = 5.0
 
 
@@ -59,7 +62,9 @@ class BackgroundService:
         store: the store.
         interval: seconds between full passes when no commit wakes the thread.
         retention_interval: seconds between retention passes (None: never; retention
-            is then left to ``mouthguard forget`` or the agent).
+            is then left to the agent).
+        scrub_interval: seconds between scrub passes (None: never).
+        scrub_max_age: a copy is re-read once its receipt is this old.
     """
 
     def __init__(
@@ -68,9 +73,14 @@ class BackgroundService:
         *,
         interval: float = DEFAULT_INTERVAL_SECONDS,
         retention_interval: float | None = DEFAULT_RETENTION_INTERVAL_SECONDS,
+        scrub_interval: float | None = DEFAULT_SCRUB_INTERVAL_SECONDS,
+        scrub_max_age: float = DEFAULT_MAX_AGE_SECONDS,
     ) -> None:
         self.store = store
         self.retention_interval = retention_interval
+        self.scrub_interval = scrub_interval
+        self.scrub_max_age = scrub_max_age
+        self._next_scrub = time.monotonic() + (scrub_interval or 0.0)
         self._next_retention = time.monotonic() + (retention_interval or 0.0)
         self.gate = BurstGate()
         self.replicator = Replicator(store, store.policy, self.gate)
@@ -171,6 +181,7 @@ class BackgroundService:
                         self._full_pass_pending = False
                 self._record(report)
                 self._maybe_apply_retention()
+                self._maybe_scrub()
             except Exception:
                 log.exception("replication pass failed; retrying at the next pass")
             finally:
@@ -190,6 +201,14 @@ class BackgroundService:
                 report.count("purge"),
                 report.count("demote"),
             )
+
+    def _maybe_scrub(self) -> None:
+        if self.scrub_interval is None or time.monotonic() < self._next_scrub:
+            return
+        self._next_scrub = time.monotonic() + self.scrub_interval
+        report = scrub(self.store, max_age_seconds=self.scrub_max_age, gate=self.gate)
+        for damaged in report.damaged:
+            self.notify_commit(damaged.run, damaged.step)  # make a new copy
 
     def _record(self, report: ReplicationReport) -> None:
         with self._cond:
