@@ -32,7 +32,7 @@ from rich.table import Table
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
-from mouthguard.checkpoint.facts import gather, runs_of, steps_of
+from mouthguard.checkpoint.facts import gather
 from mouthguard.checkpoint.info import CheckpointInfo
 from mouthguard.checkpoint.store import Store
 from mouthguard.cli.render import human_bytes
@@ -152,8 +152,8 @@ def _importance(store: Store, args: argparse.Namespace, console: Console) -> int
 
 def targets_of(store: Store, run: str | None) -> list[tuple[str, int]]:
     """Checkpoints a pass visits, in :meth:`Replicator.run_once` order (newest first per run)."""
-    runs = [catalog.validate_run(run)] if run is not None else runs_of(store)
-    return [(r, step) for r in runs for step in sorted(steps_of(store, r), reverse=True)]
+    runs = [catalog.validate_run(run)] if run is not None else None
+    return Replicator(store, store.policy).targets(runs)
 
 
 def _unprotected(replicator: Replicator, targets: list[tuple[str, int]]) -> list[str]:
@@ -177,15 +177,15 @@ def _replicate(store: Store, args: argparse.Namespace, console: Console) -> int:
     if args.run is not None and not targets:
         raise UnknownCheckpointError(f"no checkpoints for run {args.run!r} in {store.source}")
     replicator = Replicator(store, store.policy)
-    report = ReplicationReport()
     quiet = args.json or not console.is_terminal
-    # The pass is run_once's loop, unrolled so the progress bar can follow it.
     with Progress(console=console, transient=True, disable=quiet) as progress:
         task = progress.add_task("replicating", total=len(targets))
-        for run, step in targets:
-            progress.update(task, description=f"{run} step {step}")
-            replicator.replicate(run, step, report)
-            progress.advance(task)
+
+        def advance(run: str, step: int) -> None:
+            progress.update(task, description=f"{run} step {step}", advance=1)
+
+        runs = [args.run] if args.run is not None else None
+        report = replicator.run_once(runs, on_checkpoint=advance)
     ok = report.protected == report.checked
     why = [] if ok else _unprotected(replicator, targets)
     if args.json:
@@ -319,14 +319,17 @@ def _work(replicator: Replicator, stop: _Stop, budget: float, result: _Pass) -> 
     """The body of one pass (worker thread). Never raises: a daemon outlives a bad pass."""
     deadline = time.monotonic() + budget
     try:
-        targets = targets_of(replicator.store, None)
-        result.total = len(targets)
-        for run, step in targets:
-            # Checked between checkpoints only: a copy is never cut off on purpose.
-            if stop.requested or time.monotonic() >= deadline:
-                return
-            replicator.replicate(run, step, result.report)
+        result.total = len(replicator.targets())
+
+        def visited(_run: str, _step: int) -> None:
             result.visited += 1
+
+        # The stop is checked between checkpoints only: a copy is never cut off on purpose.
+        replicator.run_once(
+            on_checkpoint=visited,
+            should_stop=lambda: stop.requested or time.monotonic() >= deadline,
+            report=result.report,
+        )
     except Exception as exc:  # noqa: BLE001 - e.g. a tier that cannot list: retry next pass
         result.error = f"{type(exc).__name__}: {exc}"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from mouthguard.checkpoint import catalog
@@ -195,12 +195,40 @@ class Replicator:
             except MouthguardError as exc:
                 log.warning("legal hold %s on %s failed: %s", "on" if on else "off", ref, exc)
 
-    def run_once(self, runs: Iterable[str] | None = None) -> ReplicationReport:
-        """One pass over every committed checkpoint (newest first within a run)."""
-        report = ReplicationReport()
-        for run in runs if runs is not None else runs_of(self.store):
-            for step in sorted(steps_of(self.store, run), reverse=True):
-                self.replicate(run, step, report)
+    def targets(self, runs: Iterable[str] | None = None) -> list[tuple[str, int]]:
+        """The checkpoints a pass visits, in order: every run, newest step first."""
+        chosen = list(runs) if runs is not None else runs_of(self.store)
+        return [
+            (run, step)
+            for run in chosen
+            for step in sorted(steps_of(self.store, run), reverse=True)
+        ]
+
+    def run_once(
+        self,
+        runs: Iterable[str] | None = None,
+        *,
+        on_checkpoint: Callable[[str, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        report: ReplicationReport | None = None,
+    ) -> ReplicationReport:
+        """One pass over every committed checkpoint (newest first within a run).
+
+        Args:
+            runs: only these runs (default: all).
+            on_checkpoint: called with ``(run, step)`` after each checkpoint (progress).
+            should_stop: checked between checkpoints (never inside a copy); a True
+                ends the pass early.
+            report: a report to fill as the pass goes (visible to another thread
+                while the pass runs); a new one by default.
+        """
+        report = report if report is not None else ReplicationReport()
+        for run, step in self.targets(runs):
+            if should_stop is not None and should_stop():
+                break
+            self.replicate(run, step, report)
+            if on_checkpoint is not None:
+                on_checkpoint(run, step)
         return report
 
     def wait_protected(self, run: str, step: int, timeout: float) -> bool:
