@@ -16,7 +16,7 @@ from mouthguard.checkpoint.sidecars import (
 )
 from mouthguard.errors import CheckpointNotFoundError
 from mouthguard.tiers.posix import get_xattrs
-from tests.checkpoint.helpers import step_path
+from tests.checkpoint.helpers import flip_byte, step_path
 
 
 def test_importance_change_is_recorded_merged_and_hinted(
@@ -104,3 +104,31 @@ def test_sidecars_do_not_disturb_verification_or_loading(
     from mouthguard.checkpoint.verification import find_copies, verify_target  # noqa: PLC0415
 
     assert all(verify_target(t).ok for t in find_copies(store))
+
+
+def test_every_sidecar_is_sealed_and_a_flipped_byte_is_caught(
+    ckpt: mouthguard.Checkpointer, store: mouthguard.Store
+) -> None:
+    from mouthguard.checkpoint.sidecars import check_sidecars  # noqa: PLC0415
+    from mouthguard.checkpoint.verification import find_copies, verify_target  # noqa: PLC0415
+    from mouthguard.format.sealed import unseal  # noqa: PLC0415
+
+    ckpt.save(1, {"w": torch.ones(2)})
+    ckpt.hold(1, "legal", reason="audit")
+    ckpt.set_importance(1, "milestone")
+    (target,) = find_copies(store, "r", 1)
+    assert verify_target(target).ok
+    ref = CopyRef(store.fast, "r", 1)
+    names = sorted(p.name for p in step_path(store, "r", 1).glob("sidecar.*.json"))
+    assert names == ["sidecar.hold.legal.json", "sidecar.importance.json", "sidecar.verified.json"]
+    for name in names:
+        assert unseal((step_path(store, "r", 1) / name).read_bytes())  # each carries its checksum
+    assert check_sidecars(ref) == []
+    flip_byte(step_path(store, "r", 1) / "sidecar.verified.json", 12, 0x01)
+    flip_byte(step_path(store, "r", 1) / "sidecar.hold.legal.json", 20, 0x01)
+    damaged = dict(check_sidecars(ref))
+    assert set(damaged) == {"sidecar.verified.json", "sidecar.hold.legal.json"}
+    assert all("checksum" in why for why in damaged.values())
+    facts = read_sidecars(ref)
+    assert facts.verified_at is None  # a damaged receipt vouches for nothing
+    assert [h.name for h in facts.holds] == ["legal"]  # a damaged hold still holds

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import mouthguard
 from mouthguard.errors import ManifestError
 from mouthguard.format import manifest as manifest_module
+from mouthguard.format import sealed as sealed_module
 from mouthguard.format.checksum import xxh3_digest
 from mouthguard.format.manifest import (
     FORMAT_NAME,
@@ -452,8 +453,8 @@ def test_oversized_input_is_rejected_before_parsing(
         raise AssertionError("an oversized manifest must not be parsed")
 
     monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", len(saved_raw) - 1)
-    monkeypatch.setattr(manifest_module, "xxh3_digest", fail)
-    monkeypatch.setattr(manifest_module.typed_json, "loads_strict", fail)
+    monkeypatch.setattr(sealed_module, "xxh3_digest", fail)
+    monkeypatch.setattr(sealed_module.typed_json, "loads_strict", fail)
     with pytest.raises(ManifestError, match=f"manifest is {len(saved_raw)} bytes, larger than"):
         parse_manifest(saved_raw)
 

@@ -11,7 +11,11 @@ small JSON object in the same directory, one per fact, written atomically:
 ``sidecar.trash.json``         this copy is in the trash since a given time
 ``sidecar.damage.json``        a reader found this copy damaged (to be confirmed
                                and repaired by the replicator)
+``sidecar.legal-hold.json``    mouthguard put this copy under Object Lock legal hold
 =============================  ==============================================
+
+Every sidecar is sealed like the manifest (its last member is the checksum of
+its own bytes, :mod:`mouthguard.format.sealed`).
 
 The store stays self-describing: no separate database to lose. Facts are kept
 per copy (per tier) so each copy carries them; readers merge them across tiers
@@ -25,7 +29,6 @@ damaged fact may only ever make the system *more* careful.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +37,7 @@ from mouthguard.checkpoint.catalog import checkpoint_prefix, manifest_key
 from mouthguard.errors import FormatError, MouthguardError, ObjectNotFoundError
 from mouthguard.format import typed_json
 from mouthguard.format.checksum import xxh3_digest
+from mouthguard.format.sealed import seal, unseal
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.tiers.base import PutMode, Tier
 from mouthguard.tiers.keys import validate_segment
@@ -45,6 +49,7 @@ RECEIPT = "sidecar.verified.json"
 IMPORTANCE = "sidecar.importance.json"
 TRASH = "sidecar.trash.json"
 DAMAGE = "sidecar.damage.json"
+LEGAL_HOLD = "sidecar.legal-hold.json"
 _HOLD_PREFIX = "sidecar.hold."
 _MAX_SIDECAR_BYTES = 64 * 1024
 
@@ -103,9 +108,9 @@ class CopyRef:
         return f"{self.run} step {self.step} on {self.tier.name}"
 
 
-def _put(ref: CopyRef, name: str, body: Mapping[str, object]) -> None:
-    data = json.dumps(dict(body), sort_keys=True).encode()
-    ref.tier.put(ref.key(name), data, mode=PutMode.OVERWRITE)
+def _put(ref: CopyRef, name: str, body: Mapping[str, str]) -> None:
+    # Sealed like the manifest: a sidecar carries its own checksum.
+    ref.tier.put(ref.key(name), seal(dict(body)), mode=PutMode.OVERWRITE)
 
 
 def _read(tier: Tier, key: str) -> dict[str, typed_json.JsonValue] | None:
@@ -114,12 +119,9 @@ def _read(tier: Tier, key: str) -> dict[str, typed_json.JsonValue] | None:
         info = tier.head(key)
         if info.size > _MAX_SIDECAR_BYTES:
             raise FormatError(f"sidecar {key} is {info.size} bytes: too large")
-        body = typed_json.loads_strict(tier.get(key))
+        return unseal(tier.get(key), "sidecar")
     except ObjectNotFoundError:
         return None
-    if not isinstance(body, dict):
-        raise FormatError(f"sidecar {key} is not a JSON object")
-    return body
 
 
 def _time(value: object) -> dt.datetime | None:
@@ -170,6 +172,36 @@ def report_damage(ref: CopyRef, reason: str, when: dt.datetime) -> None:
 def clear_damage(ref: CopyRef) -> bool:
     """Forget a damage report (the copy was re-verified and is intact)."""
     return ref.tier.delete(ref.key(DAMAGE))
+
+
+def mark_legal_hold(ref: CopyRef, when: dt.datetime) -> None:
+    """Record that mouthguard put this copy's objects under Object Lock legal hold."""
+    _put(ref, LEGAL_HOLD, {"placed_at": when.isoformat()})
+
+
+def has_legal_hold_mark(ref: CopyRef) -> bool:
+    """Whether mouthguard placed legal holds on this copy (and has not released them)."""
+    return ref.tier.exists(ref.key(LEGAL_HOLD))
+
+
+def clear_legal_hold_mark(ref: CopyRef) -> bool:
+    """Forget the legal-hold mark (after the holds were released)."""
+    return ref.tier.delete(ref.key(LEGAL_HOLD))
+
+
+def check_sidecars(ref: CopyRef) -> list[tuple[str, str]]:
+    """Every sidecar of the copy that fails its checksum or does not parse: (name, why).
+
+    For ``verify``: the readers above tolerate damaged facts (conservatively), but
+    an operator must hear about them.
+    """
+    damaged = []
+    for key in ref.tier.list(ref.prefix + SIDECAR_PREFIX):
+        try:
+            _read(ref.tier, key)
+        except FormatError as exc:
+            damaged.append((key[len(ref.prefix) :], str(exc)))
+    return damaged
 
 
 def restore_from_trash(ref: CopyRef) -> bool:

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mouthguard.errors import FormatError, InvalidKeyError, ManifestError
-from mouthguard.format import typed_json
-from mouthguard.format.checksum import SHA256, XXH3_128, validate_digest, xxh3_digest
+from mouthguard.format.checksum import SHA256, XXH3_128, validate_digest
 from mouthguard.format.dtypes import itemsize, validate_shape
 from mouthguard.format.rank_file import HEADER_ALIGN
+from mouthguard.format.sealed import SealError, seal, unseal
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.tiers.keys import validate_segment
@@ -40,9 +40,6 @@ MAX_FILES = 1 << 20
 MAX_STEP = 10**15
 #: Largest file size we accept from a manifest (1 PiB); bounds every allocation.
 MAX_FILE_SIZE = 1 << 50
-_TRAILER_KEY = "manifest_checksum"
-_MARKER = f',\n "{_TRAILER_KEY}": "'.encode()
-_END = b'"\n}\n'
 
 
 @dataclass(frozen=True)
@@ -143,18 +140,6 @@ class Manifest:
         return parse_manifest(raw)
 
 
-def seal(body: dict[str, JsonValue]) -> bytes:
-    """Serialise a manifest body and append its checksum trailer.
-
-    Exposed so that tools (and hostile-input tests) can produce manifests whose
-    checksum is valid but whose content is not: the checksum proves integrity,
-    never sanity; :func:`parse_manifest` checks both.
-    """
-    text = typed_json.dumps_strict(body, indent=1).encode()
-    prefix = text[: text.rindex(b"}")].rstrip()
-    return prefix + _MARKER + xxh3_digest(prefix).encode() + _END
-
-
 def _file_json(f: FileRecord) -> JsonValue:
     out: dict[str, JsonValue] = {
         "name": f.name,
@@ -178,16 +163,10 @@ def parse_manifest(raw: bytes) -> Manifest:
         raise ManifestError(
             f"manifest is {len(raw)} bytes, larger than the {MAX_MANIFEST_BYTES} limit"
         )
-    cut = raw.rfind(_MARKER)
-    if cut < 0 or not raw.endswith(_END):
-        raise ManifestError("manifest has no checksum trailer (truncated or not a manifest)")
-    prefix, digest = raw[:cut], raw[cut + len(_MARKER) : -len(_END)]
-    if xxh3_digest(prefix).encode() != digest:
-        raise ManifestError("manifest checksum mismatch: the manifest is corrupt")
     try:
-        body = typed_json.loads_strict(raw)
-    except FormatError as exc:
-        raise ManifestError(f"manifest is not valid JSON: {exc}") from None
+        body = unseal(raw, "manifest")
+    except SealError as exc:
+        raise ManifestError(str(exc)) from None
     try:
         return _validate(body)
     except ManifestError:

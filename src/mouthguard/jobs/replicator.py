@@ -24,7 +24,14 @@ from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
 from mouthguard.checkpoint.quarantine import set_aside
 from mouthguard.checkpoint.reader import read_manifest, verify_copy
-from mouthguard.checkpoint.sidecars import CopyRef, clear_damage, write_receipt
+from mouthguard.checkpoint.sidecars import (
+    CopyRef,
+    clear_damage,
+    clear_legal_hold_mark,
+    has_legal_hold_mark,
+    mark_legal_hold,
+    write_receipt,
+)
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError, is_data_damage
 from mouthguard.format.manifest import MANIFEST_NAME
@@ -32,10 +39,7 @@ from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.placement import Placement, plan_placement, protection_status
-from mouthguard.tiers.base import PutMode, Tier
-
-#: Marks a copy whose objects mouthguard put under Object Lock legal hold.
-LEGAL_HOLD_MARKER = "sidecar.legal-hold.json"
+from mouthguard.tiers.base import Tier
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +175,7 @@ class Replicator:
     def _legal_hold(self, view: CheckpointView, placement: Placement, *, on: bool) -> None:
         """Place (or release) Object Lock legal holds on a copy's objects.
 
-        A ``sidecar.legal-hold.json`` marker records that mouthguard placed them,
+        A ``sidecar.legal-hold.json`` mark records that mouthguard placed them,
         so releasing costs one lookup per copy and never touches holds placed by
         someone else on a checkpoint mouthguard never held.
         """
@@ -181,16 +185,15 @@ class Replicator:
             if on and tier.name not in placement.targets:
                 continue
             ref = CopyRef(tier, view.facts.run, view.facts.step)
-            marker = ref.key(LEGAL_HOLD_MARKER)
-            if not on and not tier.exists(marker):
+            if not on and not has_legal_hold_mark(ref):
                 continue
             try:
                 for name in [*(f.name for f in view.manifest.files), MANIFEST_NAME]:
                     tier.set_legal_hold(ref.key(name), on)
                 if on:
-                    tier.put(marker, b"{}", mode=PutMode.OVERWRITE)
+                    mark_legal_hold(ref, dt.datetime.now(dt.UTC))
                 else:
-                    tier.delete(marker)
+                    clear_legal_hold_mark(ref)
                     log.info("released the legal hold on %s (no longer critical or held)", ref)
             except MouthguardError as exc:
                 log.warning("legal hold %s on %s failed: %s", "on" if on else "off", ref, exc)
