@@ -102,6 +102,10 @@ class Replicator:
         view = gather(self.store, run, step)
         if view is None:
             return report
+        if any(c.trashed_at is not None for c in view.facts.copies):
+            # Retention is removing it: copying it again would undo a purge on one
+            # tier while another still waits out the delay. A lifted mark resumes it.
+            return report
         report.checked += 1
         placement = self.placement(view)
         if not placement.satisfiable:
