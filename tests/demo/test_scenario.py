@@ -32,6 +32,7 @@ from mouthguard.demo.damage import (
     set_aside_copies,
     verify_run,
 )
+from mouthguard.demo.lifecycle import inspect_lifecycle, render_lifecycle
 from mouthguard.demo.process import DemoError, WorkerProcess
 from mouthguard.demo.scenario import default_run_name, run_scenario
 from mouthguard.jobs.replicator import Replicator
@@ -212,6 +213,60 @@ class TestScenario:
         cli_demo._show(broken, console)
         assert "1 invalid" in console.export_text()
 
+    def test_final_checkpoints_are_protected_by_their_importance(self, demo_run: DemoRun) -> None:
+        life = demo_run.report.lifecycle
+        assert [s.step for s in life.states] == list(range(10, 101, 10))
+        assert {s.state for s in life.states} == {"protected"}
+        assert all(s.copies == ("fast", "durable") for s in life.states)
+        assert life.importance(100) == "critical"
+        assert [s.step for s in life.states if s.importance == "milestone"] == [20, 40, 60, 80]
+        assert dict(life.rules)["critical"].endswith("never auto-deleted")
+        assert dict(life.rules)["routine"].endswith("the last 3 kept")
+
+    def test_gc_dry_run_keeps_critical_and_milestones_drops_old_routine(
+        self, demo_run: DemoRun
+    ) -> None:
+        gc = {d.step: d for d in demo_run.report.lifecycle.gc}
+        assert list(gc) == list(range(10, 101, 10))
+        assert gc[100].keep and gc[100].reasons == (
+            "critical: never auto-deleted",
+            "newest valid checkpoint",
+        )
+        assert gc[100].pins and gc[90].pins and not gc[80].pins
+        for step in (20, 40, 60, 80):
+            assert gc[step].keep
+            assert gc[step].reasons == ("milestone: every valid milestone is kept",)
+        for step in (50, 70, 90):
+            assert gc[step].keep
+            assert gc[step].reasons == ("routine: one of the last 3 valid routine checkpoints",)
+        for step in (10, 30):
+            assert not gc[step].keep and gc[step].deletes
+            assert gc[step].reasons == ("routine: older than the last 3 valid routine checkpoints",)
+            assert gc[step].tiers == (("fast", "trash"), ("durable", "trash"))
+            assert gc[step].purge_after == 24 * 3600.0
+        assert [s for s, d in gc.items() if d.deletes] == [10, 30]
+        assert all(action == "keep" for d in gc.values() if d.keep for _, action in d.tiers)
+
+    def test_gc_dry_run_deleted_nothing(self, demo_run: DemoRun) -> None:
+        report = demo_run.report
+        assert report.lifecycle.deleted_nothing
+        assert report.lifecycle.listed_after == report.listed_final
+        ckpt = mouthguard.Checkpointer(demo_run.store, report.run, background=False)
+        infos = ckpt.list()
+        assert [i.step for i in infos] == list(range(10, 101, 10))
+        assert all(c.trashed_at is None for i in infos for c in i.copies)
+        assert {i.state for i in infos} == {"protected"}
+        text = demo_run.output
+        assert "gc DRY RUN" in text
+        assert "This was a dry run: nothing was deleted." in text
+        assert "gc would delete steps 10, 30." in " ".join(text.split())
+        assert "critical: never auto-deleted" in text
+        assert "purged 24 h later" in text
+        assert f"--store {demo_run.store} gc {report.run}\n" in text
+        assert f"--store {demo_run.store} gc {report.run} --apply" in text
+        # Rendering comes after the bitwise comparison.
+        assert text.index("bitwise identical") < text.index("gc DRY RUN")
+
 
 def test_default_run_name() -> None:
     name = default_run_name(dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.UTC))
@@ -298,3 +353,27 @@ def test_worker_errors_are_reported_not_hung(tmp_path: Path) -> None:
         error = worker.failure("boom")
     assert isinstance(error, DemoError)
     assert re.search(r"exit status 1", str(error))
+
+
+def test_lifecycle_of_a_small_run(ckpt: mouthguard.Checkpointer) -> None:
+    importance = {1: "routine", 2: "milestone", 3: "routine", 4: "routine", 5: "routine",
+                  6: "routine", 7: "critical"}  # fmt: skip
+    for step, level in importance.items():
+        ckpt.save(step, {"w": torch.full((8,), float(step))}, importance=level)
+    Replicator(ckpt.store).run_once()
+    life = inspect_lifecycle(ckpt.store, "r")
+    assert [(s.step, s.importance) for s in life.states] == list(importance.items())
+    assert life.state(7) == "protected"
+    gc = {d.step: d for d in life.gc}
+    assert [s for s, d in gc.items() if not d.keep] == [1, 3]
+    assert gc[7].reasons[0] == "critical: never auto-deleted"
+    assert gc[2].keep and gc[1].tiers == (("fast", "trash"), ("durable", "trash"))
+    assert life.deleted_nothing and life.listed_after == tuple(importance)
+    console = Console(record=True, width=120, force_terminal=False)
+    console.print(render_lifecycle(life, "r", Path("/s [x]"), ("fast", "durable")))
+    text = console.export_text()
+    assert "gc would delete steps 1, 3." in " ".join(text.split())
+    assert "gc r --apply" in text and "'/s [x]'" in text
+    broken = dataclasses.replace(life, trashed_after=(1,))
+    console.print(render_lifecycle(broken, "r", Path("s"), ("fast", "durable")))
+    assert "The dry run changed the store" in console.export_text()

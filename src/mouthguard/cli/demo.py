@@ -5,7 +5,8 @@ a typed report; this module only displays: a live progress view while the
 worker processes run, then the checkpoints and their copies on every tier, what
 happened in order (kill, damage, what ``load()`` rejected, where the resume read
 from, repairs), the final verification of the store, and the bitwise
-comparison with the uninterrupted reference run.
+comparison with the uninterrupted reference run; last, importance at work: each
+final checkpoint's state and what ``gc`` would do to it (a dry run).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from mouthguard.demo import (
     SaveRecord,
     SaveStatus,
 )
+from mouthguard.demo.lifecycle import render_lifecycle
 from mouthguard.demo.process import DemoError
 from mouthguard.demo.scenario import run_scenario
 
@@ -170,6 +172,7 @@ def _show(report: DemoReport, console: Console) -> None:
     else:
         console.print(f"{_BAD} [bold red]The resumed run differs from the reference.[/]")
     console.print(f"{_check(report.store_verified)} {_verified(report)}", highlight=False)
+    console.print(render_lifecycle(report.lifecycle, report.run, report.store, report.tiers))
     store = shlex.quote(str(report.store))
     console.print(
         f"\nThe demo took {report.seconds:.1f} s. Its checkpoints are in [bold]{report.run_dir}[/]"

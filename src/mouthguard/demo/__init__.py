@@ -13,9 +13,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint.info import Rejection
 from mouthguard.demo.training import TrainConfig
+
+if TYPE_CHECKING:
+    from mouthguard.demo.lifecycle import Lifecycle
 
 __all__ = [
     "CopyCheck",
@@ -214,7 +218,8 @@ class DemoReport:
 
     ``replicas`` are the copies of every checkpoint right after the kill (by
     their verification receipts); ``verification`` is the full read-back of every
-    committed copy of the run at the end, as ``mouthguard verify`` does it.
+    committed copy of the run at the end, as ``mouthguard verify`` does it;
+    ``lifecycle`` the final checkpoints' importance and state and a gc dry run.
     """
 
     run: str
@@ -233,6 +238,7 @@ class DemoReport:
     listed_final: tuple[int, ...]
     set_aside: tuple[SetAsideRecord, ...]
     verification: tuple[CopyCheck, ...]
+    lifecycle: Lifecycle
     seconds: float
 
     @property

@@ -23,6 +23,8 @@ real ``python -m mouthguard.demo.worker`` processes):
 4. **verify** - every committed copy of the run on every tier is read back, as
    ``mouthguard verify`` does.
 5. **reference** - the same job trains uninterrupted, without checkpoints.
+6. **lifecycle** - the final checkpoints' importance and state, and what retention
+   would do to them: a dry run that deletes nothing (:mod:`~mouthguard.demo.lifecycle`).
 
 The final loss and digests of every weight and optimizer tensor of the resumed
 and reference runs must be bitwise identical. Nothing here prints: progress goes
@@ -65,6 +67,7 @@ from mouthguard.demo.damage import (
     set_aside_copies,
     verify_run,
 )
+from mouthguard.demo.lifecycle import inspect_lifecycle
 from mouthguard.demo.process import (
     DemoError,
     Event,
@@ -381,6 +384,7 @@ def run_scenario(
     set_aside = scenario.set_aside()
     verification = scenario.verify()
     reference = scenario.reference()
+    lifecycle = inspect_lifecycle(scenario.store, scenario.run)
     return DemoReport(
         run=scenario.run,
         store=Path(store_path),
@@ -398,5 +402,6 @@ def run_scenario(
         listed_final=tuple(info.step for info in scenario.checkpointer.list()),
         set_aside=set_aside,
         verification=verification,
+        lifecycle=lifecycle,
         seconds=time.monotonic() - started,
     )
