@@ -161,9 +161,9 @@ def test_gc_removes_only_old_partials(populated: Path, capsys: pytest.CaptureFix
     partial = populated / "fast" / "alpha" / "000000000030.partial-0123456789abcdef"
     partial.mkdir()
     (partial / "rank-00000.safetensors").write_bytes(b"half")
-    assert main(["--store", str(populated), "gc"]) == 0
+    assert main(["--store", str(populated), "gc", "--apply"]) == 0
     assert partial.exists()
-    assert main(["--store", str(populated), "gc", "--grace-seconds", "0"]) == 0
+    assert main(["--store", str(populated), "gc", "--apply", "--grace-seconds", "0"]) == 0
     assert not partial.exists()
     assert "1 interrupted save(s)" in capsys.readouterr().out
     alpha = mouthguard.Checkpointer(populated, run="alpha", background=False)

@@ -1,18 +1,23 @@
 """``mouthguard`` command line: inspect, verify, protect and demo checkpoint stores.
 
 Subcommands beyond listing and verification live in :mod:`mouthguard.cli.ops`
-(hold, release, importance, replicate, agent) and :mod:`mouthguard.cli.doctor`.
+(hold, release, promote alias importance, replicate, agent),
+:mod:`mouthguard.cli.lifecycle` (gc, restore) and :mod:`mouthguard.cli.doctor`;
+``scrub`` (re-verification now) lives here with ``verify``.
 
-Exit codes: 0 success; 1 a checkpoint is invalid (``verify``), not protected
-(``replicate``), a placement is unsatisfiable (``doctor``), there is no such hold
-(``release``), or the demo did not reproduce the reference run; 2 usage errors
-(bad arguments, unknown store, run or step). Bad data never produces a traceback:
-every :class:`MouthguardError` becomes a one-line message.
+Exit codes: 0 success; 1 a checkpoint copy or one of its sidecars is invalid
+(``verify``), a copy is damaged (``scrub``), no intact source exists
+(``restore``), not protected (``replicate``), a placement is unsatisfiable
+(``doctor``), there is no such hold (``release``), or the demo did not reproduce
+the reference run; 2 usage errors (bad arguments, unknown store, tier, run or
+step). Bad data never produces a traceback: every :class:`MouthguardError`
+becomes a one-line message.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -20,19 +25,32 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.checkpointer import DEFAULT_GRACE_SECONDS, Checkpointer
+from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo
+from mouthguard.checkpoint.sidecars import CopyRef, check_sidecars
 from mouthguard.checkpoint.store import Store, open_store
-from mouthguard.checkpoint.verification import CopyReport, CopyTarget, find_copies, verify_all
-from mouthguard.cli import doctor, ops
+from mouthguard.checkpoint.verification import CopyReport, CopyTarget, find_copies, verify_target
+from mouthguard.cli import doctor, lifecycle, ops
 from mouthguard.cli.render import human_bytes, human_time
 from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardError
+from mouthguard.jobs.burst import MAX_YIELD_SECONDS, BurstGate
+from mouthguard.jobs.scrub import ScrubReport, ScrubResult, scrub
 
 DEFAULT_STORE = "./mouthguard-store"
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+def non_negative_int(text: str) -> int:
+    """Argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
 
 
 class UsageError(Exception):
@@ -66,9 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("step", nargs="?", type=int)
     verify.add_argument("--json", action="store_true", help="print JSON lines, one per copy")
 
-    gc = sub.add_parser("gc", help="remove leftovers of interrupted saves")
-    gc.add_argument("run", nargs="?")
-    gc.add_argument("--grace-seconds", type=float, default=DEFAULT_GRACE_SECONDS)
+    lifecycle.add_parsers(sub)
+    scrub = sub.add_parser("scrub", help="re-read copies now; exit 1 if any is damaged")
+    scrub.add_argument(
+        "--max-age-seconds",
+        type=lifecycle.non_negative_float,
+        default=0.0,
+        help="skip copies verified less than this long ago (default 0: re-read all)",
+    )
+    scrub.add_argument(
+        "--budget-bytes", type=non_negative_int, default=None, help="stop after reading this much"
+    )
+    scrub.add_argument("--json", action="store_true", help="print JSON lines")
 
     ops.add_parsers(sub)
     doctor.add_parser(sub)
@@ -87,8 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_demo(Path(args.store), console)
         store = open_store(args.store, create=False)
-        handlers: dict[str, ops.Handler] = {"ls": _ls, "show": _show, "verify": _verify, "gc": _gc}
-        handler = {**handlers, **ops.HANDLERS, "doctor": doctor.run}[args.command]
+        handlers: dict[str, ops.Handler] = {"ls": _ls, "show": _show, "verify": _verify}
+        handlers["scrub"] = _scrub
+        handlers.update({**lifecycle.HANDLERS, **ops.HANDLERS, "doctor": doctor.run})
+        handler = handlers[args.command]
         return handler(store, args, console)
     # A checkpoint or run that does not exist is a wrong argument, not bad data.
     except (UsageError, ConfigError, ValueError, CheckpointNotFoundError) as exc:
@@ -130,15 +159,21 @@ def _ls(store: Store, args: argparse.Namespace, console: Console) -> int:
 
 def _run_table(run: str, infos: list[CheckpointInfo]) -> Table:
     table = Table(title=f"run {run}", title_justify="left")
-    for column in ("step", "importance", "size", "files", "created", "copies", "holds"):
+    for column in ("step", "importance", "state", "size", "files", "created", "copies", "holds"):
         right = column in ("step", "size", "files")
         wrap = column in ("copies", "holds")
-        table.add_column(column, justify="right" if right else "left", no_wrap=not wrap)
+        table.add_column(
+            column,
+            justify="right" if right else "left",
+            no_wrap=not wrap,
+            min_width=8 if wrap else None,
+        )
     for info in infos:
         copies = ", ".join(f"{c.tier}{' ✓' if c.verified else ''}" for c in info.copies)
         table.add_row(
             str(info.step),
             info.importance.value,
+            info.state,
             human_bytes(info.nbytes),
             str(len(info.files)),
             human_time(info.created),
@@ -163,6 +198,9 @@ def _show(store: Store, args: argparse.Namespace, console: Console) -> int:
     table.add_row("importance", info.importance.value)
     if info.saved_importance is not None and info.saved_importance != info.importance:
         table.add_row("saved importance", info.saved_importance.value)
+    table.add_row("state", info.state)
+    for missing in info.protection:
+        table.add_row("missing for protection", escape(missing))
     table.add_row("holds", ", ".join(info.holds) or "none")
     table.add_row("created", human_time(info.created))
     table.add_row("size", f"{human_bytes(info.nbytes)} ({info.nbytes} bytes)")
@@ -212,13 +250,31 @@ def _verify(store: Store, args: argparse.Namespace, console: Console) -> int:
 def _run_verification(
     targets: list[CopyTarget], console: Console, *, quiet: bool
 ) -> list[CopyReport]:
-    from rich.progress import Progress  # noqa: PLC0415 - only verify shows progress
-
     with Progress(
         console=console, transient=True, disable=quiet or not console.is_terminal
     ) as progress:
         task = progress.add_task("verifying", total=len(targets))
-        return list(verify_all(targets, on_done=lambda _: progress.advance(task)))
+        reports = []
+        for target in targets:
+            # Sidecars first, as found: the data check below rewrites the receipt.
+            damaged = sidecar_problems(target)
+            report = verify_target(target)
+            if damaged:
+                why = "; ".join(damaged) if report.ok else "; ".join([report.reason, *damaged])
+                report = dataclasses.replace(report, ok=False, reason=why)
+            reports.append(report)
+            progress.advance(task)
+        return reports
+
+
+def sidecar_problems(target: CopyTarget) -> list[str]:
+    """Every sidecar of one copy that fails its checksum or does not parse, naming tier and file."""
+    where = f"sidecar on {target.tier.name}"
+    try:
+        damaged = check_sidecars(CopyRef(target.tier, target.run, target.step))
+    except MouthguardError as exc:
+        return [f"{where}: cannot read the sidecars: {exc}"]
+    return [f"{where} {name} is damaged: {why}" for name, why in damaged]
 
 
 def _print_reports(reports: list[CopyReport], console: Console) -> None:
@@ -226,7 +282,7 @@ def _print_reports(reports: list[CopyReport], console: Console) -> None:
     for column in ("run", "step", "tier", "size", "result"):
         table.add_column(column, justify="right" if column in ("step", "size") else "left")
     for r in reports:
-        result = "[green]valid[/green]" if r.ok else f"[red]INVALID[/red]: {r.reason}"
+        result = "[green]valid[/green]" if r.ok else f"[red]INVALID[/red]: {escape(r.reason)}"
         table.add_row(r.run, str(r.step), r.tier, human_bytes(r.nbytes), result)
     console.print(table)
     bad = sum(not r.ok for r in reports)
@@ -234,19 +290,98 @@ def _print_reports(reports: list[CopyReport], console: Console) -> None:
     console.print(f"[red]{summary}[/red]" if bad else f"[green]{summary}[/green]")
 
 
-def _gc(store: Store, args: argparse.Namespace, console: Console) -> int:
-    saves = incomplete = 0
-    for run in _runs(store, args.run):
-        for report in Checkpointer(store, run).collect_garbage(grace_seconds=args.grace_seconds):
-            for p in report.partial_saves:
-                console.print(
-                    f"removed {report.tier}:{p.prefix} "
-                    f"({human_bytes(p.nbytes)}, {p.age_seconds:.0f} s old)"
-                )
-            saves += len(report.partial_saves)
-            incomplete += report.incomplete_objects
-    console.print(f"{saves} interrupted save(s) and {incomplete} incomplete file(s) removed")
-    return EXIT_OK
+# --- scrub ---------------------------------------------------------------------------
+
+
+class _CountingGate(BurstGate):
+    """A burst gate that also advances a progress bar: the scrubber waits once per copy."""
+
+    def __init__(self, progress: Progress, task: TaskID) -> None:
+        super().__init__()
+        self.progress, self.task, self.started = progress, task, 0
+
+    def wait(self, timeout: float = MAX_YIELD_SECONDS) -> float:
+        """Count the copy about to be read, then yield to saves as usual."""
+        self.started += 1
+        self.progress.update(self.task, description=f"scrubbing copy {self.started}")
+        return super().wait(timeout)
+
+
+def _status_of(r: ScrubResult) -> tuple[str, str]:
+    """``(ok|damaged|unreachable, reason without its prefix)``."""
+    if r.ok:
+        return "ok", ""
+    status, _, reason = r.reason.partition(": ")
+    return (status, reason) if status in ("damaged", "unreachable") else ("damaged", r.reason)
+
+
+def _scrub(store: Store, args: argparse.Namespace, console: Console) -> int:
+    with lifecycle.progress(console, show=not args.json and console.is_terminal) as bar:
+        task = bar.add_task("scrubbing", total=None)
+        report = scrub(
+            store,
+            max_age_seconds=args.max_age_seconds,
+            budget_bytes=args.budget_bytes,
+            gate=_CountingGate(bar, task),
+        )
+    if args.json:
+        for r in report.results:
+            status, reason = _status_of(r)
+            line = {
+                "kind": "copy",
+                "run": r.run,
+                "step": r.step,
+                "tier": r.tier,
+                "ok": r.ok,
+                "status": status,
+                "reason": reason,
+                "nbytes": r.nbytes,
+            }
+            print(json.dumps(line))
+        print(json.dumps({"kind": "summary", **_scrub_counts(report)}))
+    else:
+        _print_scrub(report, console)
+    return EXIT_OK if all(r.ok for r in report.results) else EXIT_INVALID
+
+
+def _scrub_counts(report: ScrubReport) -> dict[str, int]:
+    statuses = [_status_of(r)[0] for r in report.results]
+    return {
+        "scrubbed": len(statuses),
+        "ok": statuses.count("ok"),
+        "damaged": statuses.count("damaged"),
+        "unreachable": statuses.count("unreachable"),
+        "skipped_fresh": report.skipped_fresh,
+    }
+
+
+def _print_scrub(report: ScrubReport, console: Console) -> None:
+    if report.results:
+        table = Table(title="scrub", title_justify="left")
+        for column in ("run", "step", "tier", "size", "result"):
+            table.add_column(column, justify="right" if column in ("step", "size") else "left")
+        for r in report.results:
+            status, reason = _status_of(r)
+            result = {
+                "ok": "[green]ok[/green]",
+                "damaged": f"[red]DAMAGED[/red] (set aside): {escape(reason)}",
+                "unreachable": f"[yellow]unreachable[/yellow]: {escape(reason)}",
+            }[status]
+            table.add_row(escape(r.run), str(r.step), escape(r.tier), human_bytes(r.nbytes), result)
+        console.print(table)
+    c = _scrub_counts(report)
+    summary = (
+        f"{c['ok']} ok, {c['damaged']} damaged, {c['unreachable']} unreachable; "
+        f"{c['skipped_fresh']} skipped (verified within --max-age-seconds)"
+    )
+    bad = c["damaged"] + c["unreachable"]
+    console.print(f"[red]{summary}[/red]" if bad else f"[green]{summary}[/green]", highlight=False)
+    if c["damaged"]:
+        console.print(
+            "damaged copies were set aside; `mouthguard replicate` makes new ones "
+            "from intact copies",
+            highlight=False,
+        )
 
 
 if __name__ == "__main__":

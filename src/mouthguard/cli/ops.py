@@ -1,4 +1,6 @@
-"""``mouthguard hold|release|importance|replicate|agent``: act on checkpoints and their copies.
+"""``mouthguard hold|release|promote|replicate|agent``: act on checkpoints and their copies.
+
+``importance`` is an alias of ``promote`` (the command's earlier name).
 
 Exit codes follow :mod:`mouthguard.cli.main`: 0 success; 1 the command ran but
 its goal is not met (no such hold to release, a checkpoint left unprotected);
@@ -67,10 +69,12 @@ def positive_int(text: str) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``hold``, ``release``, ``importance``, ``replicate`` and ``agent``."""
+    """Register ``hold``, ``release``, ``promote`` (``importance``), ``replicate``, ``agent``."""
     hold = sub.add_parser("hold", help="place a named hold: the checkpoint is never deleted")
     release = sub.add_parser("release", help="release a named hold (exit 1 if there is none)")
-    imp = sub.add_parser("importance", help="promote or demote a checkpoint")
+    imp = sub.add_parser(
+        "promote", aliases=["importance"], help="change a checkpoint's importance (up or down)"
+    )
     for cmd in (hold, release, imp):
         cmd.add_argument("run")
         cmd.add_argument("step", type=int)
@@ -95,7 +99,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add("--stop-grace", type=positive_float, default=10.0, help=grace)
 
 
-# --- hold / release / importance -------------------------------------------------
+# --- hold / release / promote ---------------------------------------------------
 
 
 def _existing(store: Store, run: str, step: int) -> tuple[Checkpointer, CheckpointInfo]:
@@ -422,6 +426,7 @@ def _say(console: Console, line: str) -> None:
 HANDLERS: dict[str, Handler] = {
     "hold": _hold,
     "release": _release,
+    "promote": _importance,
     "importance": _importance,
     "replicate": _replicate,
     "agent": _agent,
