@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.reader import read_manifest
-from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
+from mouthguard.checkpoint.sidecars import CopyRef, Sidecars, read_sidecars
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import Manifest
@@ -48,6 +48,7 @@ class CheckpointView:
     readable: tuple[Tier, ...]  # tiers whose manifest parsed (copy sources)
     damaged: tuple[tuple[Tier, str], ...]  # tiers whose committed copy is unreadable
     holds: tuple[str, ...] = ()  # names of the holds on any copy
+    sidecars: tuple[tuple[str, Sidecars], ...] = ()  # (tier name, its copy's facts)
 
 
 def _ts(value: dt.datetime | None) -> float | None:
@@ -61,6 +62,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
     readable: list[Tier] = []
     damaged: list[tuple[Tier, str]] = []
     holds: set[str] = set()
+    per_copy: list[tuple[str, Sidecars]] = []
     changes: list[tuple[dt.datetime, Importance]] = []
     for tier in store.tiers:
         if not tier.exists(catalog.manifest_key(run, step)):
@@ -73,6 +75,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         manifest = manifest or found
         readable.append(tier)
         side = read_sidecars(CopyRef(tier, run, step))
+        per_copy.append((tier.name, side))
         holds.update(h.name for h in side.holds)
         if side.importance is not None:
             changes.append((side.importance_changed_at or _EPOCH, side.importance))
@@ -100,7 +103,9 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         metrics=metrics,
         copies=tuple(copies),
     )
-    return CheckpointView(facts, manifest, tuple(readable), tuple(damaged), tuple(sorted(holds)))
+    return CheckpointView(
+        facts, manifest, tuple(readable), tuple(damaged), tuple(sorted(holds)), tuple(per_copy)
+    )
 
 
 def _metrics(manifest: Manifest) -> dict[str, float]:

@@ -30,6 +30,8 @@ from mouthguard.checkpoint.sidecars import (
     clear_legal_hold_mark,
     has_legal_hold_mark,
     mark_legal_hold,
+    place_hold,
+    write_importance,
     write_receipt,
 )
 from mouthguard.checkpoint.store import Store
@@ -42,6 +44,11 @@ from mouthguard.policy.placement import Placement, plan_placement, protection_st
 from mouthguard.tiers.base import Tier
 
 log = logging.getLogger(__name__)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,7 @@ class Replicator:
         if not placement.satisfiable:
             report.shortfalls.append(Shortfall(run, step, "; ".join(placement.missing)))
         good = self._confirm_copies(view, report)
+        self._sync_facts(view, good, report)
         for target in placement.targets:
             if any(t.name == target for t in good):
                 continue
@@ -148,14 +156,54 @@ class Replicator:
                 else:
                     report.shortfalls.append(Shortfall(run, step, f"cannot verify {ref}: {exc}"))
                 continue
-            raw = tier.get(catalog.manifest_key(run, step))
-            write_receipt(ref, raw, dt.datetime.now(dt.UTC))
-            clear_damage(ref)
-            good.append(tier)
+            good.append(tier)  # verified just now, whether or not the receipt can be written
+            try:
+                raw = tier.get(catalog.manifest_key(run, step))
+                write_receipt(ref, raw, dt.datetime.now(dt.UTC))
+                clear_damage(ref)
+            except MouthguardError as exc:
+                report.shortfalls.append(Shortfall(run, step, f"cannot record {ref}: {exc}"))
         for tier, reason in view.damaged:
             set_aside(CopyRef(tier, run, step), reason)
             report.shortfalls.append(Shortfall(run, step, f"copy on {tier.name} damaged: {reason}"))
         return good
+
+    def _sync_facts(
+        self, view: CheckpointView, good: list[Tier], report: ReplicationReport
+    ) -> None:
+        """Give every intact copy the holds and the newest importance change of any copy.
+
+        A copy committed by a replicator that died before copying the facts (or a
+        hold placed while a tier was unreachable) would otherwise lose them once
+        the other copies go. Holds only ever spread, never vanish, this way.
+        """
+        run, step = view.facts.run, view.facts.step
+        facts = dict(view.sidecars)
+        holds = {h.name: h for _, side in view.sidecars for h in side.holds}
+        changes = [s for _, s in view.sidecars if s.importance is not None]
+        newest = max(changes, key=lambda s: s.importance_changed_at or _EPOCH, default=None)
+        for tier in good:
+            side = facts.get(tier.name)
+            if side is None:
+                continue
+            ref = CopyRef(tier, run, step)
+            try:
+                have = {h.name for h in side.holds}
+                for name, hold in holds.items():
+                    if name not in have:
+                        place_hold(ref, name, hold.reason, hold.placed_at or _now())
+                if (
+                    newest is not None
+                    and newest.importance is not None
+                    and (
+                        side.importance is not newest.importance
+                        or side.importance_changed_at != newest.importance_changed_at
+                    )
+                ):
+                    when = newest.importance_changed_at or _now()
+                    write_importance(ref, newest.importance, newest.importance_reason, when)
+            except MouthguardError as exc:
+                report.shortfalls.append(Shortfall(run, step, f"cannot sync facts to {ref}: {exc}"))
 
     def _copy_to(
         self, view: CheckpointView, dst: Tier, good: list[Tier], report: ReplicationReport

@@ -25,9 +25,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
-from mouthguard.checkpoint.sidecars import CopyRef, mark_trashed, restore_from_trash
+from mouthguard.checkpoint.reader import read_manifest, verify_copy
+from mouthguard.checkpoint.sidecars import (
+    CopyRef,
+    mark_trashed,
+    report_damage,
+    restore_from_trash,
+)
 from mouthguard.checkpoint.store import Store
-from mouthguard.errors import MouthguardError
+from mouthguard.errors import MouthguardError, is_data_damage
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.deletion import CopyAction, decide_deletions
@@ -67,6 +73,27 @@ def delete_copy(ref: CopyRef) -> int:
     for key in list(ref.tier.list(ref.prefix)):
         deleted += int(ref.tier.delete(key))
     return deleted
+
+
+def _first_damaged_other_copy(view: CheckpointView, tier: str, when: dt.datetime) -> str | None:
+    """Re-read every other copy before a demotion deletes this one; why not, if any fails.
+
+    The policy allows a demotion on the strength of receipts, but receipts age:
+    a copy may have rotted since it was read back. A demotion is irreversible, so
+    the copies that justify it are verified again first; a damaged one gets a
+    damage report (the replicator repairs it) and the demotion waits.
+    """
+    for other in view.readable:
+        if other.name == tier:
+            continue
+        ref = CopyRef(other, view.facts.run, view.facts.step)
+        try:
+            verify_copy(other, ref.prefix, read_manifest(other, ref.run, ref.step))
+        except MouthguardError as exc:
+            if is_data_damage(exc):
+                report_damage(ref, str(exc), when)
+            return f"not demoted: the copy on {other.name} failed its re-check ({exc})"
+    return None
 
 
 def apply_retention(
@@ -122,6 +149,10 @@ def _apply(
             fresh = gather(store, run, step)
             if fresh is None or fresh.facts.held:
                 return AppliedAction(run, step, action, False, "held since the decision: kept")
+            if action.action == "demote":
+                damage = _first_damaged_other_copy(fresh, action.tier, when)
+                if damage is not None:
+                    return AppliedAction(run, step, action, False, damage)
             done = delete_copy(ref) > 0
             log.warning("retention %s %s: %s", action.action, ref, action.reason)
     except MouthguardError as exc:
