@@ -151,7 +151,7 @@ class Checkpointer:
             manifest.nbytes,
             elapsed,
         )
-        self._hint(CopyRef(tier, self.run, step), level)
+        self._hint(CopyRef(tier, self.run, step), level, manifest)
         if service is not None:
             service.notify_commit(self.run, step)
         final = catalog.checkpoint_prefix(self.run, step)
@@ -357,10 +357,14 @@ class Checkpointer:
             raise CheckpointNotFoundError(f"no committed checkpoint {self.run} step {step}")
         return refs
 
-    def _hint(self, ref: CopyRef, level: Importance) -> None:
-        """Pass the importance down to the storage (xattrs, object tags): advisory only."""
+    def _hint(self, ref: CopyRef, level: Importance, manifest: Manifest | None = None) -> None:
+        """Pass the importance down to the storage (xattrs, object tags): advisory only.
+
+        ``manifest`` saves re-reading it when the caller has it (the save just wrote it).
+        """
         try:
-            manifest = read_manifest(ref.tier, ref.run, ref.step)
+            if manifest is None:
+                manifest = read_manifest(ref.tier, ref.run, ref.step)
             for name in [*(f.name for f in manifest.files), MANIFEST_NAME]:
                 ref.tier.annotate(ref.key(name), {"importance": level.value})
         except MouthguardError as exc:
