@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,25 @@ def test_state_moves_from_committed_to_protected(two_tier: mouthguard.Store) -> 
     info = ckpt.info(1)
     assert info is not None and info.state == "protected" and info.protection == ()
     assert info.to_json()["state"] == "protected"
+
+
+def test_backlog_outlasting_the_save_interval_is_warned(
+    two_tier: mouthguard.Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mouthguard.jobs.copy import CopyResult  # noqa: PLC0415
+    from mouthguard.jobs.replicator import ReplicationReport  # noqa: PLC0415
+    from mouthguard.jobs.service import BackgroundService  # noqa: PLC0415
+
+    service = BackgroundService(two_tier)  # not started: driven by hand
+    service.notify_commit("r", 1)
+    time.sleep(0.05)
+    service.notify_commit("r", 2)  # saves ~0.05 s apart
+    slow = CopyResult("r", 1, "fast", "durable", nbytes=64 << 20, seconds=8.0, yielded_seconds=0.0)
+    with caplog.at_level("WARNING"):
+        service._record(ReplicationReport(copies=[slow]))  # 8 MiB/s for 64 MiB: ~8 s per copy
+    warning = service.status().backlog_warning
+    assert warning is not None and "falling behind" in warning
+    assert "falling behind" in caplog.text
+    fast = CopyResult("r", 2, "fast", "durable", nbytes=1 << 20, seconds=0.01, yielded_seconds=0.0)
+    service._record(ReplicationReport(copies=[fast]))
+    assert service.status().backlog_warning is None  # small backlogs are not a trend
