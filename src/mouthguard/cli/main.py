@@ -158,28 +158,32 @@ def _ls(store: Store, args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_table(run: str, infos: list[CheckpointInfo]) -> Table:
+    # Sized for an 80-column terminal: per-file detail lives in `show`, and the
+    # holds column appears only when some checkpoint of the run has a hold.
+    with_holds = any(info.holds for info in infos)
+    columns = ["step", "importance", "state", "size", "created", "copies"]
     table = Table(title=f"run {run}", title_justify="left")
-    for column in ("step", "importance", "state", "size", "files", "created", "copies", "holds"):
-        right = column in ("step", "size", "files")
+    for column in [*columns, "holds"] if with_holds else columns:
         wrap = column in ("copies", "holds")
         table.add_column(
             column,
-            justify="right" if right else "left",
+            justify="right" if column in ("step", "size") else "left",
             no_wrap=not wrap,
             min_width=8 if wrap else None,
         )
     for info in infos:
-        copies = ", ".join(f"{c.tier}{' ✓' if c.verified else ''}" for c in info.copies)
-        table.add_row(
+        copies = " ".join(f"{c.tier}{'✓' if c.verified else ''}" for c in info.copies)
+        row = [
             str(info.step),
             info.importance.value,
             info.state,
             human_bytes(info.nbytes),
-            str(len(info.files)),
-            human_time(info.created),
+            info.created.astimezone().strftime("%m-%d %H:%M"),
             copies,
-            ", ".join(info.holds),
-        )
+        ]
+        if with_holds:
+            row.append(", ".join(info.holds))
+        table.add_row(*row)
     return table
 
 
