@@ -45,15 +45,16 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
-from mouthguard.tiers.keys import MAX_KEY_LENGTH, validate_key, validate_prefix
+from mouthguard.tiers.keys import validate_key, validate_prefix
 from mouthguard.tiers.memory import check_range, rename_keys, validate_dir_prefix
 from mouthguard.tiers.posix import (
     TMP_PREFIX,
     DebrisSweep,
     describe_oserror,
     get_xattrs,
-    is_segment,
+    scan_dir,
     set_xattrs,
+    walk_keys,
 )
 
 # O_NONBLOCK: opening a FIFO planted in the root must not hang a reader; it has
@@ -389,39 +390,10 @@ class LocalTier(Tier):
         return self._walk(prefix[: prefix.rfind("/") + 1], prefix)
 
     def _scan(self, dir_key: str) -> builtins.list[tuple[str, bool]]:
-        """Return ``(name, is_dir)`` for the regular files and real directories in ``dir_key``.
-
-        Names that are not valid key segments are skipped, which includes every
-        dot-name (temporary files). A ``dir_key`` reached through a symbolic
-        link is not part of the tier and scans as empty.
-        """
-        directory = self.root / dir_key
-        if os.path.realpath(directory) != str(directory):
-            return []
-        try:
-            with os.scandir(directory) as scan:
-                return [
-                    (e.name, e.is_dir(follow_symlinks=False))
-                    for e in scan
-                    if is_segment(e.name)
-                    and (e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False))
-                ]
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        except OSError as exc:
-            raise self._error("list", dir_key or "/", exc) from exc
+        return scan_dir(self.root, dir_key, lambda exc: self._error("list", dir_key or "/", exc))
 
     def _walk(self, dir_key: str, prefix: str) -> Generator[str, None, None]:
-        # Sorting directories as "name/" keeps the walk in global key order
-        # ("a-b" < "a/x" < "a0"), so keys stream out without a global sort.
-        entries = sorted((n + "/" if d else n, d) for n, d in self._scan(dir_key))
-        for name, is_dir in entries:
-            key = dir_key + name
-            if is_dir:
-                if key.startswith(prefix) or prefix.startswith(key):
-                    yield from self._walk(key, prefix)
-            elif key.startswith(prefix) and len(key) <= MAX_KEY_LENGTH:
-                yield key
+        return walk_keys(self._scan, dir_key, prefix)
 
     def _has_objects(self, dir_key: str) -> bool:
         walk = self._walk(dir_key, dir_key)

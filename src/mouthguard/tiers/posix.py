@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from mouthguard.errors import InvalidKeyError, TierError
-from mouthguard.tiers.keys import validate_segment
+from mouthguard.tiers.keys import MAX_KEY_LENGTH, validate_segment
 
 #: Name prefix of the local tier's temporary files: dot-named, so never an object.
 TMP_PREFIX = ".tmp-"
@@ -61,6 +61,48 @@ def get_xattrs(path: Path) -> dict[str, str]:
         if exc.errno in _NO_XATTR:
             return {}
         raise
+
+
+def scan_dir(
+    root: Path, dir_key: str, on_error: Callable[[OSError], TierError]
+) -> list[tuple[str, bool]]:
+    """Return ``(name, is_dir)`` for the regular files and real directories in ``dir_key``.
+
+    Names that are not valid key segments are skipped, which includes every
+    dot-name (temporary files). A ``dir_key`` reached through a symbolic link is
+    not part of the tier and scans as empty.
+    """
+    directory = root / dir_key
+    if os.path.realpath(directory) != str(directory):
+        return []
+    try:
+        with os.scandir(directory) as scan:
+            return [
+                (e.name, e.is_dir(follow_symlinks=False))
+                for e in scan
+                if is_segment(e.name)
+                and (e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False))
+            ]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        raise on_error(exc) from exc
+
+
+def walk_keys(
+    scan: Callable[[str], list[tuple[str, bool]]], dir_key: str, prefix: str
+) -> Generator[str, None, None]:
+    """Yield, in key order, the keys under ``dir_key`` that start with ``prefix``."""
+    # Sorting directories as "name/" keeps the walk in global key order
+    # ("a-b" < "a/x" < "a0"), so keys stream out without a global sort.
+    entries = sorted((n + "/" if d else n, d) for n, d in scan(dir_key))
+    for name, is_dir in entries:
+        key = dir_key + name
+        if is_dir:
+            if key.startswith(prefix) or prefix.startswith(key):
+                yield from walk_keys(scan, key, prefix)
+        elif key.startswith(prefix) and len(key) <= MAX_KEY_LENGTH:
+            yield key
 
 
 @dataclass
