@@ -1,6 +1,7 @@
 """Checkpoints: verified, crash-safe save and load of training state."""
 
 from mouthguard.checkpoint.checkpointer import Checkpointer
+from mouthguard.checkpoint.emergency import PreemptionGuard
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.training_state import TrainingState, capture_rng_state, restore_rng_state
@@ -10,6 +11,7 @@ __all__ = [
     "Checkpointer",
     "CopyInfo",
     "LoadedCheckpoint",
+    "PreemptionGuard",
     "Rejection",
     "Store",
     "TrainingState",

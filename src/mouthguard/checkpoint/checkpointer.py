@@ -259,6 +259,10 @@ class Checkpointer:
 
     # --- list ------------------------------------------------------------------
 
+    def exists(self, step: int) -> bool:
+        """Whether ``step`` is committed on any tier (validity unchecked)."""
+        return bool(self._tiers_holding(step))
+
     def steps(self) -> list[int]:
         """Committed steps on any tier (manifest present), ascending; validity unchecked."""
         found: set[int] = set()
