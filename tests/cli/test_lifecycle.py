@@ -13,6 +13,7 @@ import mouthguard
 from mouthguard.cli.main import main
 from mouthguard.jobs.replicator import Replicator
 from tests.checkpoint.helpers import flip_byte
+from tests.cli.helpers import show_json
 
 
 @pytest.fixture(autouse=True)
@@ -53,15 +54,6 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[
     code = main(list(args))
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
     return code, lines
-
-
-def show_json(
-    root: Path, run: str, step: int, capsys: pytest.CaptureFixture[str]
-) -> dict[str, object]:
-    capsys.readouterr()
-    assert main(["--store", str(root), "show", run, str(step), "--json"]) == 0
-    result: dict[str, object] = json.loads(capsys.readouterr().out)
-    return result
 
 
 def tiers_of(info: dict[str, object]) -> set[tuple[object, object]]:

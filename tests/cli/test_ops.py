@@ -20,6 +20,7 @@ from mouthguard.cli import ops
 from mouthguard.cli.main import main
 from mouthguard.jobs.replicator import Replicator
 from tests.checkpoint.helpers import flip_byte, step_path
+from tests.cli.helpers import show_json
 from tests.jobs.conftest import make_store
 
 
@@ -38,15 +39,6 @@ def two_tier(tmp_path: Path) -> Path:
     alpha.save(20, {"w": torch.ones(64) * 2}, importance="milestone")
     mouthguard.Checkpointer(store, "beta", background=False).save(1, {"x": torch.zeros(4)})
     return tmp_path / "two" / "mouthguard.toml"
-
-
-def shown(
-    config: Path, run: str, step: int, capsys: pytest.CaptureFixture[str]
-) -> dict[str, object]:
-    capsys.readouterr()
-    assert main(["--store", str(config), "show", run, str(step), "--json"]) == 0
-    result: dict[str, object] = json.loads(capsys.readouterr().out)
-    return result
 
 
 def durable_has(config: Path, run: str, step: int) -> bool:
@@ -73,7 +65,7 @@ def test_hold_and_release_show_in_ls_and_show(
     assert main(["--store", store, "hold", "alpha", "10", "--name", "rc1", "--reason", "x"]) == 0
     assert "holds: rc1" in capsys.readouterr().out
     assert main(["--store", store, "hold", "alpha", "10"]) == 0
-    assert shown(two_tier, "alpha", 10, capsys)["holds"] == ["hold", "rc1"]
+    assert show_json(two_tier, "alpha", 10, capsys)["holds"] == ["hold", "rc1"]
     assert main(["--store", store, "ls", "alpha"]) == 0
     assert "holds" in (out := capsys.readouterr().out) and "hold, rc1" in out
     assert main(["--store", store, "show", "alpha", "10"]) == 0
@@ -82,7 +74,7 @@ def test_hold_and_release_show_in_ls_and_show(
     assert main(["--store", store, "release", "alpha", "10", "--name", "rc1"]) == 0
     assert "holds: hold" in capsys.readouterr().out
     assert main(["--store", store, "release", "alpha", "10"]) == 0
-    assert shown(two_tier, "alpha", 10, capsys)["holds"] == []
+    assert show_json(two_tier, "alpha", 10, capsys)["holds"] == []
 
 
 def test_release_of_a_missing_hold_exits_1(
@@ -99,7 +91,7 @@ def test_importance_promotes_and_demotes(
     assert main(["--store", store, "importance", "alpha", "10", "golden", "--reason", "rc"]) == 0
     out = capsys.readouterr().out
     assert "importance critical (saved as routine)" in out and "was routine" in out
-    info = shown(two_tier, "alpha", 10, capsys)
+    info = show_json(two_tier, "alpha", 10, capsys)
     assert (info["importance"], info["saved_importance"]) == ("critical", "routine")
     assert main(["--store", store, "show", "alpha", "10"]) == 0
     assert "saved importance" in capsys.readouterr().out
@@ -108,7 +100,7 @@ def test_importance_promotes_and_demotes(
     assert [r["importance"] for r in rows] == ["critical", "milestone", "routine"]
 
     assert main(["--store", store, "importance", "alpha", "10", "transient"]) == 0
-    assert shown(two_tier, "alpha", 10, capsys)["importance"] == "transient"
+    assert show_json(two_tier, "alpha", 10, capsys)["importance"] == "transient"
     assert main(["--store", store, "show", "alpha", "20"]) == 0
     assert "saved importance" not in capsys.readouterr().out
 
