@@ -208,6 +208,23 @@ class Tier(abc.ABC):
         return f"{type(self).__name__}(name={self.name!r}, location={self.location()!r})"
 
 
+class StableChunks:
+    """Put data whose chunks stay valid and unchanged until ``put`` returns.
+
+    A plain iterable may reuse one buffer for every chunk it yields, so a tier
+    must consume each chunk before asking for the next. Wrapping the chunks in
+    ``StableChunks`` promises more: a tier may keep several chunks in flight at
+    once and write straight from their memory, with no bounce copy (the async
+    save's staging buffer is written this way).
+    """
+
+    def __init__(self, chunks: Iterable[BytesLike]) -> None:
+        self._chunks = chunks
+
+    def __iter__(self) -> Iterator[BytesLike]:
+        return iter(self._chunks)
+
+
 def iter_buffers(data: PutData) -> Iterator[memoryview]:
     """Normalise ``PutData`` into a stream of byte-format memoryviews."""
     if isinstance(data, bytes | bytearray | memoryview):
