@@ -99,6 +99,14 @@ class StateMismatchError(CheckpointError):
     """An ``into=`` target does not match the stored tensor (shape, dtype, structure)."""
 
 
+class RankFailedError(CheckpointError):
+    """Another rank of a multi-rank save or load failed; nothing was committed or loaded.
+
+    The message names the failing rank and its error. The rank that failed raises
+    its own, original exception.
+    """
+
+
 class ConfigError(MouthguardError):
     """A store configuration (``mouthguard.toml``) is invalid."""
 

@@ -7,45 +7,38 @@ import datetime as dt
 import logging
 import os
 import time
-import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
+from mouthguard.checkpoint.committer import RankWriter, SaveRequest, save_copy
 from mouthguard.checkpoint.facts import gather, tier_facts
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
-from mouthguard.checkpoint.quarantine import set_aside
-from mouthguard.checkpoint.reader import load_copy, read_manifest, verify_copy
+from mouthguard.checkpoint.loading import Loader
+from mouthguard.checkpoint.ranks import detect_ranks
+from mouthguard.checkpoint.reader import read_manifest
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     place_hold,
     release_hold,
-    report_damage,
     write_importance,
 )
+from mouthguard.checkpoint.staging import needs_pinned, snapshot
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.writer import (
-    commit,
-    framework_versions,
-    new_transaction_id,
-    staging_prefix,
+    layout_for,
     utc_now,
     write_rank_file,
+    write_rank_image,
 )
 from mouthguard.errors import (
-    CheckpointExistsError,
-    CheckpointFallbackWarning,
     CheckpointNotFoundError,
-    CorruptCheckpointError,
     MouthguardError,
-    NoValidCheckpointError,
-    ObjectExistsError,
-    StateMismatchError,
-    is_data_damage,
 )
 from mouthguard.format import typed_json
-from mouthguard.format.manifest import MANIFEST_NAME, Manifest
-from mouthguard.format.state_tree import FlatState, flatten_state
+from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+from mouthguard.format.state_tree import flatten_state
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.policy.placement import plan_placement, protection_status
@@ -84,8 +77,12 @@ class Checkpointer:
         run: the run's name (a safe path segment).
         with_sha256: also record sha256 of every file (tamper evidence, slower).
         background: replicate in a background thread of this process (default:
-            whenever the store has more than one tier). Off, replication is left
-            to ``mouthguard agent`` or explicit ``Replicator`` passes.
+            whenever the store has more than one tier, on the coordinator rank).
+            Off, replication is left to ``mouthguard agent`` or ``Replicator`` passes.
+        group: the torch.distributed process group whose ranks save together
+            (default: the whole job when torch.distributed is initialised). Every
+            rank must construct its Checkpointer in the same order (a collective),
+            and the fast tier must be shared by all ranks.
     """
 
     def __init__(
@@ -95,12 +92,18 @@ class Checkpointer:
         *,
         with_sha256: bool = False,
         background: bool | None = None,
+        group: Any = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
         self.with_sha256 = with_sha256
-        # Replication runs in-process by default wherever there is a second tier.
-        self.background = len(self.store.tiers) > 1 if background is None else background
+        self.ranks = detect_ranks(group)
+        # Replication runs in-process by default wherever there is a second tier;
+        # one replicator per job is enough, so only on the coordinator.
+        if background is None:
+            background = len(self.store.tiers) > 1 and self.ranks.is_coordinator
+        self.background = background
+        self._saver = AsyncSaver(self.run)
 
     # --- save ------------------------------------------------------------------
 
@@ -114,6 +117,11 @@ class Checkpointer:
     ) -> CheckpointInfo:
         """Save ``state`` as checkpoint ``step``; committed and durable when it returns.
 
+        With torch.distributed initialised this is a collective: every rank passes
+        its own state and writes its own rank file; the checkpoint commits only if
+        every rank succeeded (:mod:`~mouthguard.checkpoint.committer`). An async
+        save still in flight is waited for first, so saves commit in call order.
+
         Args:
             step: the training step (unique within the run).
             state: nested dicts/lists/tuples of tensors and plain values.
@@ -125,92 +133,139 @@ class Checkpointer:
         Raises:
             UnsupportedStateError: ``state`` holds something that needs pickle.
             CheckpointExistsError: ``step`` is already committed.
+            RankFailedError: another rank failed (nothing was committed).
             TierError: the tier failed (the partial save is removed).
         """
         level = parse_importance(importance)
         catalog.step_dir(step)
+        self._saver.wait_previous()
         started = time.perf_counter()
         flat = flatten_state(state)
-        reference_json = (
-            None if reference is None else typed_json.encode(dict(reference), root="reference")
-        )
+        request = SaveRequest(self.run, step, level, flat.skeleton, _reference_json(reference))
+        tier = self.store.fast
+
+        def write_rank(staging: str) -> tuple[FileRecord, builtins.list[TensorRecord]]:
+            return write_rank_file(
+                tier,
+                staging,
+                rank=self.ranks.rank,
+                flat=flat,
+                metadata=self._file_metadata(step),
+                with_sha256=self.with_sha256,
+            )
+
+        manifest = self._commit_on_fast(request, write_rank)
+        elapsed = time.perf_counter() - started
+        return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=elapsed)
+
+    def save_async(
+        self,
+        step: int,
+        state: object,
+        importance: str | Importance = "routine",
+        *,
+        reference: Mapping[str, object] | None = None,
+    ) -> SaveHandle:
+        """Snapshot ``state`` and save it in the background; return once it is safe to mutate.
+
+        The state is copied into a staging buffer reused across saves (pinned host
+        memory when tensors are on CUDA) laid out as the final rank file; writing,
+        checksumming, commit and replication then run in a background thread. One
+        save is in flight at a time: a new save first waits for the previous one
+        (backpressure, counted in its stall). Multi-rank: a collective, like
+        :meth:`save`; the ranks' background threads commit together.
+
+        Returns:
+            A :class:`SaveHandle`: ``result()`` gives the :class:`CheckpointInfo`
+            (with ``stall_seconds``) or raises the save's error.
+
+        Raises:
+            UnsupportedStateError: ``state`` holds something that needs pickle
+                (raised here, before anything runs in the background).
+        """
+        entered = time.perf_counter()
+        level = parse_importance(importance)
+        catalog.step_dir(step)
+        waited = self._saver.wait_previous()
+        flat = flatten_state(state)
+        request = SaveRequest(self.run, step, level, flat.skeleton, _reference_json(reference))
+        layout = layout_for(flat, self._file_metadata(step))
+        image = self._saver.staging.reserve(layout.size, pinned=needs_pinned(flat))
+        snapshot(flat, layout, image)
+        del flat  # the background job needs the layout and the image, not the state
+        stall = time.perf_counter() - entered
+        log.info("%s step %d snapshotted in %.3f s (waited %.3f s)", self.run, step, stall, waited)
+        tier = self.store.fast
+
+        def write_rank(staging: str) -> tuple[FileRecord, builtins.list[TensorRecord]]:
+            return write_rank_image(
+                tier,
+                staging,
+                rank=self.ranks.rank,
+                layout=layout,
+                image=memoryview(image.numpy()).cast("B"),  # type: ignore[arg-type]
+                with_sha256=self.with_sha256,
+            )
+
+        def job() -> CheckpointInfo:
+            manifest = self._commit_on_fast(request, write_rank)
+            elapsed = time.perf_counter() - entered
+            return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=stall)
+
+        return self._saver.submit(self.run, step, job, Snapshot(stall, waited))
+
+    def flush(self) -> None:
+        """Block until the async save in flight (if any) has finished."""
+        self._saver.wait_previous()
+
+    def close(self) -> None:
+        """Finish the async save in flight and free the staging buffer."""
+        self._saver.close()
+
+    def _file_metadata(self, step: int) -> dict[str, str]:
+        return {
+            "format": "mouthguard.checkpoint",
+            "run": self.run,
+            "step": str(step),
+            "rank": str(self.ranks.rank),
+        }
+
+    def _commit_on_fast(self, request: SaveRequest, write_rank: RankWriter) -> Manifest:
+        """Write and commit on the fast tier while background copies yield the disk."""
         service = self._background()
         if service is not None:
             service.gate.save_started()  # background copies yield the disk to this burst
         try:
-            manifest, tier = self._write(step, flat, level, reference_json)
+            return save_copy(self.store.fast, request, write_rank, self.ranks)
         finally:
             if service is not None:
                 service.gate.save_finished()
-        elapsed = time.perf_counter() - started
+
+    def _after_commit(
+        self, manifest: Manifest, level: Importance, *, save_seconds: float, stall_seconds: float
+    ) -> CheckpointInfo:
+        """Log, pass the hint down, queue replication; the info returned to the caller."""
         log.info(
-            "saved %s step %d (%s, %d bytes) in %.3f s",
+            "saved %s step %d (%s, %d bytes, %s) in %.3f s, stalled %.3f s",
             self.run,
-            step,
+            manifest.step,
             level.value,
             manifest.nbytes,
-            elapsed,
+            self.ranks.describe(),
+            save_seconds,
+            stall_seconds,
         )
-        self._hint(CopyRef(tier, self.run, step), level, manifest)
-        if service is not None:
-            service.notify_commit(self.run, step)
-        final = catalog.checkpoint_prefix(self.run, step)
-        copy = CopyInfo(tier=tier.name, location=tier.location(final))
-        return CheckpointInfo.from_manifest(manifest, (copy,), save_seconds=elapsed)
-
-    def _write(
-        self, step: int, flat: FlatState, level: Importance, reference: JsonValue
-    ) -> tuple[Manifest, Tier]:
-        """Write and commit one copy on the fast tier (the commit protocol in writer.py)."""
         tier = self.store.fast
-        if tier.exists(catalog.manifest_key(self.run, step)):
-            self._set_aside_if_damaged(tier, step)
-        staging = staging_prefix(tier, self.run, step, new_transaction_id())
-        final = catalog.checkpoint_prefix(self.run, step)
-        try:
-            record, tensors = write_rank_file(
-                tier,
-                staging,
-                rank=0,
-                flat=flat,
-                metadata={
-                    "format": "mouthguard.checkpoint",
-                    "run": self.run,
-                    "step": str(step),
-                    "rank": "0",
-                },
-                with_sha256=self.with_sha256,
-            )
-            manifest = Manifest(
-                run=self.run,
-                step=step,
-                importance=level,
-                created=utc_now(),
-                world_size=1,
-                files=(record,),
-                tensors=tuple(tensors),
-                states=(flat.skeleton,),
-                framework=framework_versions(),
-                reference=reference,
-            )
-            commit(tier, staging, final, manifest)
-        except ObjectExistsError:
-            # Another writer committed (or is committing) this step: on tiers without
-            # rename our objects sit next to theirs, so nothing may be cleaned up here.
-            if staging != final:
-                _remove_quietly(tier, staging)
-            raise CheckpointExistsError(
-                f"checkpoint {self.run} step {step} was committed by another writer"
-            ) from None
-        except BaseException:
-            if staging != final:
-                _remove_quietly(tier, staging)
-            elif not tier.exists(catalog.manifest_key(self.run, step)):
-                # No rename (object stores): remove our own uncommitted rank file so
-                # a retry of this step is not blocked by it.
-                _remove_key_quietly(tier, final + catalog.rank_file_name(0))
-            raise
-        return manifest, tier
+        if self.ranks.is_coordinator:
+            self._hint(CopyRef(tier, self.run, manifest.step), level, manifest)
+            service = self._background()
+            if service is not None:
+                service.notify_commit(self.run, manifest.step)
+        final = catalog.checkpoint_prefix(self.run, manifest.step)
+        copy = CopyInfo(tier=tier.name, location=tier.location(final))
+        return CheckpointInfo.from_manifest(
+            manifest, (copy,), save_seconds=save_seconds, stall_seconds=stall_seconds
+        )
 
     # --- background replication ------------------------------------------------
 
@@ -238,24 +293,6 @@ class Checkpointer:
         if service is None:
             return len(self.store.tiers) == 1
         return service.wait_idle(timeout)
-
-    def _set_aside_if_damaged(self, tier: Tier, step: int) -> None:
-        """Handle a save onto an already committed step.
-
-        A resumed run that fell back past a damaged checkpoint will save that step
-        again. The old copy is verified: if it is valid the save is refused; if it
-        is damaged it is set aside (:func:`set_aside`: renamed to an invisible
-        ``<step>.rejected-<id>`` where the tier can rename) so the new save commits.
-        """
-        prefix = catalog.checkpoint_prefix(self.run, step)
-        try:
-            verify_copy(tier, prefix, read_manifest(tier, self.run, step))
-        except MouthguardError as exc:
-            if not tier.exists(catalog.manifest_key(self.run, step)):
-                return  # set aside meanwhile (e.g. by the replicator): nothing in the way
-            set_aside(CopyRef(tier, self.run, step), str(exc))
-            return
-        raise CheckpointExistsError(f"checkpoint {self.run} step {step} already exists")
 
     # --- list ------------------------------------------------------------------
 
@@ -390,86 +427,28 @@ class Checkpointer:
             CheckpointNotFoundError: nothing is committed (for ``step``, or at all).
             CorruptCheckpointError: every copy of the requested ``step`` is damaged.
             NoValidCheckpointError: ``step=None`` and no checkpoint is valid.
-            StateMismatchError: ``into`` does not fit the checkpoint.
+            StateMismatchError: ``into`` does not fit the checkpoint, or it was saved
+                by a different number of ranks (``mouthguard.dcp`` reshards).
+
+        Multi-rank: a collective; every rank loads its own rank's state, and a
+        checkpoint counts as valid only if every rank could load its part.
         """
-        candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         if step is not None:
             catalog.step_dir(step)
+        loader = Loader(self.store, self.run, self.ranks)
+        # Every rank walks the coordinator's list, so all try the same steps in order.
+        candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
+        listed = self.ranks.broadcast(list(candidates))
+        assert isinstance(listed, list)
         rejected: builtins.list[Rejection] = []
         try:
-            return self._load_first_valid(candidates, step, into, rejected)
+            return loader.first_valid([int(str(c)) for c in listed], step, into, rejected)
         finally:
             # Repairs start only once this load is done reading: a repair racing it
             # could set aside a copy the load is about to try.
             service = self._background() if rejected else None
             for damaged in sorted({r.step for r in rejected}) if service else ():
                 service.notify_commit(self.run, damaged)  # type: ignore[union-attr]
-
-    def _load_first_valid(
-        self,
-        candidates: builtins.list[int],
-        step: int | None,
-        into: object,
-        rejected: builtins.list[Rejection],
-    ) -> LoadedCheckpoint:
-        for candidate in candidates:
-            loaded = self._load_step(candidate, into, rejected, fallback=step is None)
-            if loaded is not None:
-                return loaded
-        if not rejected:
-            what = f"step {step}" if step is not None else "any step"
-            raise CheckpointNotFoundError(
-                f"run {self.run!r} has no committed checkpoint for {what}"
-            )
-        reasons = "; ".join(f"step {r.step} on {r.tier}: {r.reason}" for r in rejected)
-        if step is not None:
-            raise CorruptCheckpointError(
-                f"every copy of {self.run} step {step} is damaged: {reasons}"
-            )
-        raise NoValidCheckpointError(f"run {self.run!r} has no valid checkpoint: {reasons}")
-
-    def _load_step(
-        self, step: int, into: object, rejected: builtins.list[Rejection], *, fallback: bool
-    ) -> LoadedCheckpoint | None:
-        prefix = catalog.checkpoint_prefix(self.run, step)
-        for tier in self._tiers_holding(step):
-            try:
-                manifest = read_manifest(tier, self.run, step)
-                state = load_copy(tier, prefix, manifest, into=into)
-            except StateMismatchError:
-                raise
-            except MouthguardError as exc:
-                rejected.append(Rejection(step, tier.name, str(exc)))
-                then = (
-                    "trying another copy or an older checkpoint"
-                    if fallback
-                    else "trying another copy"
-                )
-                where = f"checkpoint {self.run} step {step} on tier {tier.name!r}"
-                warnings.warn(
-                    f"{where} rejected: {exc}; {then}",
-                    CheckpointFallbackWarning,
-                    stacklevel=4,
-                )
-                log.warning("rejected %s step %d on %s: %s", self.run, step, tier.name, exc)
-                if is_data_damage(exc):
-                    self._report_damage(CopyRef(tier, self.run, step), str(exc))
-                continue
-            copy = CopyInfo(tier=tier.name, location=tier.location(prefix))
-            info = CheckpointInfo.from_manifest(manifest, (copy,))
-            return LoadedCheckpoint(step, state, info, tier.name, list(rejected))
-        return None
-
-    def _report_damage(self, ref: CopyRef, reason: str) -> None:
-        """Leave a damage report so the replicator confirms and repairs the copy.
-
-        Best effort: a read-only or failing tier must not turn a successful
-        fallback into an error.
-        """
-        try:
-            report_damage(ref, reason, utc_now())
-        except MouthguardError as exc:
-            log.info("could not record the damage of %s: %s", ref, exc)
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         key = catalog.manifest_key(self.run, step)
@@ -487,17 +466,5 @@ class Checkpointer:
         ]
 
 
-def _remove_key_quietly(tier: Tier, key: str) -> None:
-    """Best-effort removal of one object of a failed save."""
-    try:
-        tier.delete(key)
-    except MouthguardError as exc:
-        log.warning("could not remove %s on %s: %s", key, tier.name, exc)
-
-
-def _remove_quietly(tier: Tier, prefix: str) -> None:
-    """Best-effort cleanup of a failed save; the original error is what matters."""
-    try:
-        tier.delete_prefix(prefix)
-    except MouthguardError as exc:
-        log.warning("could not remove partial save %s on %s: %s", prefix, tier.name, exc)
+def _reference_json(reference: Mapping[str, object] | None) -> JsonValue:
+    return None if reference is None else typed_json.encode(dict(reference), root="reference")

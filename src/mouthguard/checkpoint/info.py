@@ -53,7 +53,10 @@ class CheckpointInfo:
         world_size: number of ranks (one file each).
         files: the files of the checkpoint.
         copies: one entry per tier holding a committed copy.
-        save_seconds: wall time of the save that produced this info (only on save).
+        save_seconds: wall time of the save that produced this info (only on save;
+            for an async save, from the call until the commit).
+        stall_seconds: how long the caller was blocked by the save (only on save;
+            the whole save when synchronous, the snapshot when asynchronous).
         saved_importance: the importance recorded in the manifest at save time.
         holds: names of the holds on the checkpoint (on any copy).
         state: ``committed`` -> ``verified`` -> ``protected`` (the placement is met,
@@ -71,6 +74,7 @@ class CheckpointInfo:
     files: tuple[FileRecord, ...]
     copies: tuple[CopyInfo, ...] = ()
     save_seconds: float | None = None
+    stall_seconds: float | None = None
     saved_importance: Importance | None = None
     holds: tuple[str, ...] = ()
     state: str = "committed"
@@ -83,6 +87,7 @@ class CheckpointInfo:
         copies: tuple[CopyInfo, ...] = (),
         save_seconds: float | None = None,
         *,
+        stall_seconds: float | None = None,
         importance: Importance | None = None,
         holds: tuple[str, ...] = (),
         state: str = "committed",
@@ -100,6 +105,7 @@ class CheckpointInfo:
             files=manifest.files,
             copies=copies,
             save_seconds=save_seconds,
+            stall_seconds=stall_seconds,
             saved_importance=manifest.importance,
             holds=holds,
             state=state,

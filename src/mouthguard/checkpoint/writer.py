@@ -38,10 +38,13 @@ from mouthguard.format.dtypes import dtype_code
 from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
 from mouthguard.format.rank_file import RankFileLayout, build_layout, byte_view
 from mouthguard.format.state_tree import FlatState
-from mouthguard.tiers.base import PutMode, Tier
+from mouthguard.tiers.base import PutMode, StableChunks, Tier
 
 #: Slices small enough that a slice just checksummed is still in cache when written.
 WRITE_CHUNK_BYTES = 8 * 1024 * 1024
+#: Slices of a staging image: large, because the image is written in place (no copy)
+#: and each slice is hashed while the previous one is on its way to the disk.
+IMAGE_CHUNK_BYTES = 64 * 1024 * 1024
 
 
 def new_transaction_id() -> str:
@@ -97,8 +100,44 @@ def write_rank_file(
     layout = layout_for(flat, metadata)
     hasher = StreamHasher(with_sha256=with_sha256)
     info = tier.put(staging + name, _stream(flat, layout, hasher), mode=PutMode.CREATE)
-    if info.size != layout.size or hasher.nbytes != layout.size:
-        raise FormatError(f"{name}: wrote {info.size} bytes, expected {layout.size}")
+    return _records(name, rank, layout, info.size, hasher)
+
+
+def write_rank_image(
+    tier: Tier,
+    staging: str,
+    *,
+    rank: int,
+    layout: RankFileLayout,
+    image: memoryview,
+    with_sha256: bool = False,
+) -> tuple[FileRecord, list[TensorRecord]]:
+    """Write a complete rank-file image (an async save's staging buffer) to ``staging``.
+
+    The image is handed to the tier as stable chunks, so a local tier writes it
+    with O_DIRECT straight from the buffer; each chunk is hashed just before it
+    is handed over, while the previous one is being written.
+    """
+    if image.nbytes != layout.size:
+        raise FormatError(f"staging image has {image.nbytes} bytes, layout needs {layout.size}")
+    hasher = StreamHasher(with_sha256=with_sha256)
+
+    def chunks() -> Iterator[memoryview]:
+        for start in range(0, image.nbytes, IMAGE_CHUNK_BYTES):
+            chunk = image[start : start + IMAGE_CHUNK_BYTES]
+            hasher.update(chunk)
+            yield chunk
+
+    name = rank_file_name(rank)
+    info = tier.put(staging + name, StableChunks(chunks()), mode=PutMode.CREATE)
+    return _records(name, rank, layout, info.size, hasher)
+
+
+def _records(
+    name: str, rank: int, layout: RankFileLayout, written: int, hasher: StreamHasher
+) -> tuple[FileRecord, list[TensorRecord]]:
+    if written != layout.size or hasher.nbytes != layout.size:
+        raise FormatError(f"{name}: wrote {written} bytes, expected {layout.size}")
     record = FileRecord(
         name=name,
         rank=rank,

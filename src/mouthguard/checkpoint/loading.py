@@ -1,0 +1,164 @@
+"""Finding and loading the newest valid checkpoint: copies in tier order, fallback, agreement.
+
+For each candidate step (newest first when no step is asked for) every copy is
+tried, fast tier first; a copy that fails verification is reported as damaged
+(so the background service confirms and repairs it) and the next copy or the
+next older step is tried, with a :class:`CheckpointFallbackWarning` naming what
+was wrong.
+
+Multi-rank: every rank loads its own rank's file; after each candidate the
+ranks agree (``all_gather``) whether *every* rank loaded it. If one rank's file
+is damaged on every tier, all ranks move on to the next older step together, so
+a job never resumes from a mix of steps.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import warnings
+from dataclasses import dataclass
+
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
+from mouthguard.checkpoint.ranks import RankGroup
+from mouthguard.checkpoint.reader import load_copy, read_manifest
+from mouthguard.checkpoint.sidecars import CopyRef, report_damage
+from mouthguard.checkpoint.store import Store
+from mouthguard.checkpoint.writer import utc_now
+from mouthguard.errors import (
+    CheckpointFallbackWarning,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    MouthguardError,
+    NoValidCheckpointError,
+    StateMismatchError,
+    is_data_damage,
+)
+from mouthguard.format.manifest import Manifest
+from mouthguard.tiers.base import Tier
+
+log = logging.getLogger(__name__)
+
+_MISMATCH = "mismatch: "
+
+
+@dataclass(frozen=True)
+class Loader:
+    """Loads one run's checkpoints for one rank of ``ranks``."""
+
+    store: Store
+    run: str
+    ranks: RankGroup
+
+    def first_valid(
+        self,
+        candidates: builtins.list[int],
+        step: int | None,
+        into: object,
+        rejected: builtins.list[Rejection],
+    ) -> LoadedCheckpoint:
+        """The first candidate that every rank loads; raise as ``Checkpointer.load`` documents."""
+        for candidate in candidates:
+            loaded = self._agreed(candidate, into, rejected, fallback=step is None)
+            if loaded is not None:
+                return loaded
+        if not rejected:
+            what = f"step {step}" if step is not None else "any step"
+            raise CheckpointNotFoundError(
+                f"run {self.run!r} has no committed checkpoint for {what}"
+            )
+        reasons = "; ".join(f"step {r.step} on {r.tier}: {r.reason}" for r in rejected)
+        if step is not None:
+            raise CorruptCheckpointError(
+                f"every copy of {self.run} step {step} is damaged: {reasons}"
+            )
+        raise NoValidCheckpointError(f"run {self.run!r} has no valid checkpoint: {reasons}")
+
+    def _agreed(
+        self, step: int, into: object, rejected: builtins.list[Rejection], *, fallback: bool
+    ) -> LoadedCheckpoint | None:
+        """This rank's load of ``step`` if every rank loaded it, else None (or raise)."""
+        if self.ranks.world_size == 1:
+            return self._load_step(step, into, rejected, fallback=fallback)
+        mismatch: StateMismatchError | None = None
+        loaded = None
+        try:
+            loaded = self._load_step(step, into, rejected, fallback=fallback)
+            status = "ok" if loaded is not None else "damaged"
+        except StateMismatchError as exc:
+            mismatch, status = exc, _MISMATCH + str(exc)
+        statuses = self.ranks.all_gather(status)
+        if mismatch is not None:
+            raise mismatch
+        for rank, peer in enumerate(statuses):
+            if isinstance(peer, str) and peer.startswith(_MISMATCH):
+                raise StateMismatchError(f"rank {rank}: {peer[len(_MISMATCH) :]}")
+        if all(peer == "ok" for peer in statuses):
+            return loaded
+        failed = [rank for rank, peer in enumerate(statuses) if peer != "ok"]
+        if loaded is not None:
+            rejected.append(
+                Rejection(step, "-", f"rank(s) {failed} found no valid copy of their part")
+            )
+        return None
+
+    def _load_step(
+        self, step: int, into: object, rejected: builtins.list[Rejection], *, fallback: bool
+    ) -> LoadedCheckpoint | None:
+        prefix = catalog.checkpoint_prefix(self.run, step)
+        for tier in self._tiers_holding(step):
+            try:
+                manifest = read_manifest(tier, self.run, step)
+                self._check_world_size(manifest)
+                state = load_copy(tier, prefix, manifest, rank=self.ranks.rank, into=into)
+            except StateMismatchError:
+                raise
+            except MouthguardError as exc:
+                self._reject(CopyRef(tier, self.run, step), exc, rejected, fallback=fallback)
+                continue
+            copy = CopyInfo(tier=tier.name, location=tier.location(prefix))
+            info = CheckpointInfo.from_manifest(manifest, (copy,))
+            return LoadedCheckpoint(step, state, info, tier.name, list(rejected))
+        return None
+
+    def _check_world_size(self, manifest: Manifest) -> None:
+        if manifest.world_size != self.ranks.world_size:
+            raise StateMismatchError(
+                f"checkpoint {self.run} step {manifest.step} was saved by "
+                f"{manifest.world_size} rank(s); this job has {self.ranks.world_size} "
+                "(to load with a different number of ranks, save and load through "
+                "mouthguard.dcp, which reshards)"
+            )
+
+    def _reject(
+        self,
+        ref: CopyRef,
+        exc: MouthguardError,
+        rejected: builtins.list[Rejection],
+        *,
+        fallback: bool,
+    ) -> None:
+        rejected.append(Rejection(ref.step, ref.tier.name, str(exc)))
+        then = "trying another copy or an older checkpoint" if fallback else "trying another copy"
+        where = f"checkpoint {self.run} step {ref.step} on tier {ref.tier.name!r}"
+        warnings.warn(f"{where} rejected: {exc}; {then}", CheckpointFallbackWarning, stacklevel=6)
+        log.warning("rejected %s step %d on %s: %s", self.run, ref.step, ref.tier.name, exc)
+        if is_data_damage(exc):
+            _report_damage(ref, str(exc))
+
+    def _tiers_holding(self, step: int) -> builtins.list[Tier]:
+        key = catalog.manifest_key(self.run, step)
+        return [t for t in self.store.tiers if t.exists(key)]
+
+
+def _report_damage(ref: CopyRef, reason: str) -> None:
+    """Leave a damage report so the replicator confirms and repairs the copy.
+
+    Best effort: a read-only or failing tier must not turn a successful
+    fallback into an error.
+    """
+    try:
+        report_damage(ref, reason, utc_now())
+    except MouthguardError as exc:
+        log.info("could not record the damage of %s: %s", ref, exc)

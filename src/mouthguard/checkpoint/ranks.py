@@ -1,0 +1,101 @@
+"""The ranks that save one checkpoint together: a single process, or a torch.distributed job.
+
+:class:`RankGroup` is the few collective operations the commit protocol needs.
+Values travel as JSON bytes in uint8 tensors (``all_gather``), never pickled, so
+a peer can never make another rank execute code.
+
+:class:`TorchRanks` runs on its own gloo process group, created once at
+construction (a collective call: every rank must construct its
+:class:`~mouthguard.checkpoint.checkpointer.Checkpointer` in the same order).
+Its own group matters for async saves: their collectives run in a background
+thread and must never interleave with the training loop's collectives on the
+default (possibly NCCL) group.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import torch
+
+from mouthguard.format.typed_json import JsonValue
+
+#: How long one checkpoint collective may wait for the slowest rank.
+COLLECTIVE_TIMEOUT = dt.timedelta(minutes=30)
+
+
+class RankGroup:
+    """A single process: rank 0 of 1. Every collective is the identity."""
+
+    rank = 0
+    world_size = 1
+
+    @property
+    def is_coordinator(self) -> bool:
+        """Rank 0 writes the manifest and decides for everyone."""
+        return self.rank == 0
+
+    def all_gather(self, value: JsonValue) -> list[JsonValue]:
+        """Every rank's ``value``, indexed by rank (the same list on every rank)."""
+        return [value]
+
+    def broadcast(self, value: JsonValue) -> JsonValue:
+        """The coordinator's ``value`` on every rank (others pass anything)."""
+        return value
+
+    def describe(self) -> str:
+        """A short label for logs."""
+        return "single process"
+
+
+class TorchRanks(RankGroup):
+    """The ranks of an initialised ``torch.distributed`` job, on a private gloo group."""
+
+    def __init__(self, group: Any = None) -> None:
+        import torch.distributed as dist  # noqa: PLC0415 - only for multi-rank jobs
+
+        self._dist = dist
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        self._group = dist.new_group(ranks=ranks, backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        self.rank = dist.get_rank(self._group)
+        self.world_size = dist.get_world_size(self._group)
+
+    def all_gather(self, value: JsonValue) -> list[JsonValue]:
+        """Every rank's ``value`` as JSON bytes over gloo (see the module docstring)."""
+        payload = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        self._dist.all_gather(sizes, size, group=self._group)
+        longest = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(max(longest, 1), dtype=torch.uint8)
+        if payload:
+            mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        received = [torch.empty_like(mine) for _ in range(self.world_size)]
+        self._dist.all_gather(received, mine, group=self._group)
+        return [
+            json.loads(bytes(r[: int(s.item())].numpy()))
+            for r, s in zip(received, sizes, strict=True)
+        ]
+
+    def broadcast(self, value: JsonValue) -> JsonValue:
+        """The coordinator's value; built on ``all_gather`` (payloads here are small)."""
+        return self.all_gather(value if self.is_coordinator else None)[0]
+
+    def describe(self) -> str:
+        """``rank r of n``."""
+        return f"rank {self.rank} of {self.world_size}"
+
+
+def detect_ranks(group: Any = None) -> RankGroup:
+    """:class:`TorchRanks` when torch.distributed is initialised with >1 rank, else single."""
+    try:
+        import torch.distributed as dist  # noqa: PLC0415 - optional at runtime
+    except ImportError:  # pragma: no cover - torch builds without distributed
+        return RankGroup()
+    if not dist.is_available() or not dist.is_initialized():
+        return RankGroup()
+    if dist.get_world_size(group) <= 1:
+        return RankGroup()
+    return TorchRanks(group)
