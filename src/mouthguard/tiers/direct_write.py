@@ -167,7 +167,17 @@ class _Pipeline:
     def submit(self, offset: int, view: memoryview, bounce: mmap.mmap | None) -> None:
         while len(self._pending) >= IN_FLIGHT:
             self._retire_oldest()
-        future = _writers().submit(self.write, offset, view)
+        try:
+            future = _writers().submit(self.write, offset, view)
+        except RuntimeError:
+            # The interpreter is exiting (executors refuse new work): a save still
+            # in flight must finish, so write in this thread instead.
+            future = Future()
+            try:
+                self.write(offset, view)
+                future.set_result(None)
+            except WriteError as exc:
+                future.set_exception(exc)
         self._pending.append((future, bounce))
 
     def _retire_oldest(self) -> None:
