@@ -140,8 +140,12 @@ class Checkpointer:
         catalog.step_dir(step)
         self._saver.wait_previous()
         started = time.perf_counter()
-        flat = flatten_state(state)
-        request = SaveRequest(self.run, step, level, flat.skeleton, _reference_json(reference))
+        try:
+            flat = flatten_state(state)
+            request = SaveRequest(self.run, step, level, flat.skeleton, _reference_json(reference))
+        except Exception as exc:
+            self._fail_with_peers(step, level, exc)
+            raise
         tier = self.store.fast
 
         def write_rank(staging: str) -> tuple[FileRecord, builtins.list[TensorRecord]]:
@@ -187,11 +191,25 @@ class Checkpointer:
         level = parse_importance(importance)
         catalog.step_dir(step)
         waited = self._saver.wait_previous()
-        flat = flatten_state(state)
-        request = SaveRequest(self.run, step, level, flat.skeleton, _reference_json(reference))
-        layout = layout_for(flat, self._file_metadata(step))
-        image = self._saver.staging.reserve(layout.size, pinned=needs_pinned(flat))
-        snapshot(flat, layout, image)
+        try:
+            flat = flatten_state(state)
+            request = SaveRequest(self.run, step, level, flat.skeleton, _reference_json(reference))
+            layout = layout_for(flat, self._file_metadata(step))
+            image = self._saver.staging.reserve(layout.size, pinned=needs_pinned(flat))
+            snapshot(flat, layout, image)
+        except Exception as exc:
+            if self.ranks.world_size > 1:
+                # The peers' background jobs are entering the commit collectives:
+                # join them with the failure, in the background like theirs.
+                failure = exc
+                failed = self._saver.submit(
+                    self.run,
+                    step,
+                    lambda: self._fail_with_peers(step, level, failure),
+                    Snapshot(0, 0),
+                )
+                failed.wait()
+            raise
         del flat  # the background job needs the layout and the image, not the state
         stall = time.perf_counter() - entered
         log.info("%s step %d snapshotted in %.3f s (waited %.3f s)", self.run, step, stall, waited)
@@ -221,6 +239,20 @@ class Checkpointer:
     def close(self) -> None:
         """Finish the async save in flight and free the staging buffer."""
         self._saver.close()
+
+    def _fail_with_peers(self, step: int, level: Importance, exc: Exception) -> CheckpointInfo:
+        """Take part in a multi-rank commit with a local failure, so no peer waits forever.
+
+        Every rank then raises: this one ``exc``, the others RankFailedError. With
+        one rank it just raises ``exc``.
+        """
+        if self.ranks.world_size > 1:
+
+            def fail(_staging: str) -> tuple[FileRecord, builtins.list[TensorRecord]]:
+                raise exc
+
+            save_copy(self.store.fast, SaveRequest(self.run, step, level, None), fail, self.ranks)
+        raise exc
 
     def _file_metadata(self, step: int) -> dict[str, str]:
         return {
