@@ -1,7 +1,8 @@
 """Reading a checkpoint copy from one tier with every byte verified.
 
-Rank files are read sequentially in file order, in chunks, straight into the
-destination tensors' memory; each chunk is fed to the checksum right after it
+Rank files are read in chunks straight into the destination tensors' memory,
+several chunks in flight at once (:mod:`~mouthguard.checkpoint.read_ahead`) but
+handed back in file order; each chunk is fed to the checksum right after it
 lands (still in cache), so verification needs no second pass and no second copy
 of the state. Before any tensor byte is trusted the copy is checked against its
 manifest: the object's size, the rank file's own safetensors header, and the
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from mouthguard.checkpoint.catalog import manifest_key
+from mouthguard.checkpoint.read_ahead import READ_AHEAD, read_in_order
 from mouthguard.errors import (
     ChecksumMismatchError,
     FormatError,
@@ -123,13 +125,15 @@ def verify_file(tier: Tier, prefix: str, manifest: Manifest, record: FileRecord)
     hasher = StreamHasher(with_sha256=record.sha256 is not None)
     header = _read_header(tier, key, record, hasher)
     _check_header(header, record, manifest.tensors_in(record.name))
-    scratch = memoryview(bytearray(min(READ_CHUNK_BYTES, max(record.size - record.data_offset, 1))))
-    offset = record.data_offset
-    while offset < record.size:
-        chunk = scratch[: min(scratch.nbytes, record.size - offset)]
-        tier.read_into(key, offset, chunk)
+    size = min(READ_CHUNK_BYTES, max(record.size - record.data_offset, 1))
+    # READ_AHEAD + 1 buffers in rotation: a buffer is refilled only after it was hashed.
+    scratch = [memoryview(bytearray(size)) for _ in range(READ_AHEAD + 1)]
+    jobs = (
+        (offset, scratch[i % len(scratch)][: min(size, record.size - offset)])
+        for i, offset in enumerate(range(record.data_offset, record.size, size))
+    )
+    for chunk in read_in_order(tier, key, jobs):
         hasher.update(chunk)
-        offset += chunk.nbytes
     _verify_digest(hasher, record)
 
 
@@ -214,11 +218,13 @@ def load_copy(
     hasher = StreamHasher(with_sha256=record.sha256 is not None)
     header = _read_header(tier, key, record, hasher)
     _check_header(header, record, [t.record for t in targets])
-    for target in targets:
-        view = byte_view(target.tensor)
-        for start, chunk in _chunks(view):
-            tier.read_into(key, target.record.offset + start, chunk)
-            hasher.update(chunk)
+    jobs = (
+        (target.record.offset + start, chunk)
+        for target in targets
+        for start, chunk in _chunks(byte_view(target.tensor))
+    )
+    for chunk in read_in_order(tier, key, jobs):
+        hasher.update(chunk)
     _verify_digest(hasher, record)
 
     loaded = {t.record.name: t.copy_to if t.copy_to is not None else t.tensor for t in targets}

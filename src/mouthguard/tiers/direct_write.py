@@ -90,7 +90,8 @@ class _BufferPool:
             buf.close()
 
 
-_POOL = _BufferPool(keep=2 * IN_FLIGHT)
+#: Shared by writes and direct reads of this process.
+BOUNCE_BUFFERS = _BufferPool(keep=2 * IN_FLIGHT)
 
 
 def address_of(view: memoryview) -> int:
@@ -105,10 +106,17 @@ def address_of(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 
-def _copy(dst: mmap.mmap, at: int, src: memoryview) -> None:
-    """Copy ``src`` into ``dst[at:]`` with memmove, which runs without the GIL."""
-    base = ctypes.addressof(ctypes.c_char.from_buffer(dst))
-    ctypes.memmove(base + at, address_of(src), src.nbytes)
+def copy_into(dst: mmap.mmap | memoryview, at: int, src: memoryview) -> None:
+    """Copy ``src`` into ``dst[at:]`` with memmove, which runs without the GIL.
+
+    Raises:
+        ValueError: the copy would not fit (memmove itself checks nothing).
+    """
+    target = memoryview(dst)
+    if at < 0 or at + src.nbytes > target.nbytes or target.readonly:
+        raise ValueError(f"cannot copy {src.nbytes} bytes to offset {at} of {target.nbytes}")
+    if src.nbytes:
+        ctypes.memmove(address_of(target) + at, address_of(src), src.nbytes)
 
 
 def enable_direct(fd: int) -> bool:
@@ -186,7 +194,7 @@ class _Pipeline:
             future.result()
         finally:
             if bounce is not None:
-                _POOL.give(bounce)
+                BOUNCE_BUFFERS.give(bounce)
 
     def drain(self) -> None:
         """Wait for every write; raise the first error after all have finished."""
@@ -257,9 +265,9 @@ def write_stream(
                     offset, view = offset + n, view[n:]
                     continue
                 if block is None:
-                    block, filled = _POOL.take(), 0
+                    block, filled = BOUNCE_BUFFERS.take(), 0
                 n = min(BLOCK_BYTES - filled, view.nbytes)
-                _copy(block, filled, view[:n])
+                copy_into(block, filled, view[:n])
                 filled, view = filled + n, view[n:]
                 if filled == BLOCK_BYTES:
                     pipeline.submit(offset, memoryview(block), block)
@@ -279,7 +287,7 @@ def write_stream(
             raise WriteError(exc) from exc
     except BaseException:
         if block is not None:
-            _POOL.give(block)
+            BOUNCE_BUFFERS.give(block)
         with contextlib.suppress(BaseException):
             pipeline.drain()
         raise

@@ -46,6 +46,7 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
+from mouthguard.tiers.direct_read import DIRECT_READ_MIN_BYTES, read_direct
 from mouthguard.tiers.direct_write import DIRECT_MIN_BYTES, WriteError, drop_cached, write_stream
 from mouthguard.tiers.keys import validate_key, validate_prefix
 from mouthguard.tiers.memory import check_range, rename_keys, validate_dir_prefix
@@ -366,7 +367,11 @@ class LocalTier(Tier):
         return bytes(buf)
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
-        """Fill ``out`` with the object's bytes from ``offset``: ``preadv`` into it, no copy.
+        """Fill ``out`` with the object's bytes from ``offset``.
+
+        Large ranges are read with O_DIRECT where allowed (:mod:`.direct_read`:
+        no page-cache pollution, one copy); others with ``preadv`` straight into
+        ``out``.
 
         Raises:
             InvalidKeyError: ``key`` is invalid or passes through a symbolic link.
@@ -377,6 +382,14 @@ class LocalTier(Tier):
         fd, size = self._open_object(key)
         try:
             check_range(key, size, offset, offset + target.nbytes)
+            if self._direct_io and target.nbytes >= DIRECT_READ_MIN_BYTES:
+                try:
+                    if read_direct(fd, offset, target):
+                        return
+                except EOFError as exc:
+                    raise TierError(f"short read of {key!r} on tier {self.name!r}: {exc}") from None
+                except OSError as exc:
+                    raise self._error("read", key, exc) from exc
             self._pread_exact(fd, key, offset, target)
         finally:
             os.close(fd)
