@@ -127,7 +127,11 @@ class DemoEvent:
 
 @dataclass(frozen=True)
 class SaveRecord:
-    """One save attempt: ``nbytes``/``seconds`` are what was written, and when it ended or died."""
+    """One save attempt: ``nbytes``/``seconds`` are what was written, and when it ended or died.
+
+    ``stall_seconds`` is how long the async save blocked training (the snapshot),
+    ``memcpy_seconds`` a plain memcpy of the same state, measured just before.
+    """
 
     step: int
     importance: str
@@ -136,6 +140,8 @@ class SaveRecord:
     nbytes: int
     seconds: float
     detail: str = ""
+    stall_seconds: float = 0.0
+    memcpy_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

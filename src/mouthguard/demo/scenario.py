@@ -205,6 +205,8 @@ class _Scenario:
                 event_field(event, "bytes", int),
                 event_field(event, "seconds", float),
                 detail,
+                stall_seconds=event_field(event, "stall", float),
+                memcpy_seconds=event_field(event, "memcpy", float),
             )
         )
 

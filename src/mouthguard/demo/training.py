@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from mouthguard.checkpoint.training_state import TrainingState
+from mouthguard.format.state_tree import iter_tensors
 from mouthguard.policy.importance import Importance
 
 #: torch's intra-op thread count in every demo process. A fixed count keeps
@@ -225,3 +227,26 @@ def optimizer_digest(job: Job) -> str:
 def parameter_count(job: Job) -> int:
     """Number of trainable scalars in the model."""
     return sum(p.numel() for p in job.model.parameters())
+
+
+class MemcpyClock:
+    """Times a plain memcpy of a state: the floor an async save's stall is compared with.
+
+    The destination tensors are allocated once, untimed, and reused, so what is
+    timed is the copy alone (no allocation, no page faults) -- the fairest
+    reference for a snapshot into a reused staging buffer.
+    """
+
+    def __init__(self) -> None:
+        self._targets: list[torch.Tensor] = []
+
+    def seconds(self, state: object) -> float:
+        """Seconds to copy every tensor of ``state`` into the reused destinations."""
+        sources = [t.detach() for _path, t in iter_tensors(state)]
+        shapes = [(t.shape, t.dtype) for t in sources]
+        if [(t.shape, t.dtype) for t in self._targets] != shapes:
+            self._targets = [torch.empty_like(t, device="cpu") for t in sources]
+        started = time.perf_counter()
+        for target, source in zip(self._targets, sources, strict=True):
+            target.copy_(source)
+        return time.perf_counter() - started

@@ -8,9 +8,10 @@ on them while the process runs::
     {"event": "start", "pid": 4242, "step": 0, "params": 2430016, ...}
     {"event": "resumed", "step": 30, "tier": "durable", "rejected": [{"step": 40, ...}], ...}
     {"event": "step", "step": 31, "loss": 0.0123}
-    {"event": "saving", "step": 50, "importance": "routine", "throttled": true, ...}
-    {"event": "saved", "step": 50, "importance": "routine", "seconds": 0.09, "bytes": 29144800,
-     "set_aside": []}
+    {"event": "saving", "step": 50, "importance": "routine", "throttled": true, "stall": 0.004,
+     "memcpy": 0.003, ...}
+    {"event": "saved", "step": 50, "importance": "routine", "seconds": 0.09, "stall": 0.004,
+     "memcpy": 0.003, "bytes": 29144800, "set_aside": []}
     {"event": "replicated", "step": 50, "seconds": 0.12}
     {"event": "done", "step": 100, "loss_hex": "0x1.9p-7", "weights_sha256": "...", ...}
     {"event": "error", "message": "..."}      # then exit status 1
@@ -21,6 +22,11 @@ the run, reporting every copy ``load()`` rejected on the way), and
 interrupted). ``--throttle-step`` makes the save of that step go through a
 :class:`~mouthguard.tiers.throttle.ThrottledTier` lasting about
 ``--throttle-seconds``, so that a parent can kill the process in the middle of it.
+
+Saves are asynchronous (``save_async``): training goes on while a save is
+written; the next save, or the end of the run, waits for it to commit first.
+Each save reports its stall beside a plain memcpy of the same state
+(:class:`~mouthguard.demo.training.MemcpyClock`).
 
 Replication: on a store with several tiers the checkpointer replicates in a
 background thread. ``--wait-replicated`` waits after every (unthrottled) save
@@ -43,14 +49,17 @@ import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.async_save import SaveHandle
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import LoadedCheckpoint
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.demo.process import DemoError, WorkerProcess  # re-exported: the protocol's two ends
 from mouthguard.demo.training import (
     Job,
+    MemcpyClock,
     TrainConfig,
     build_job,
     importance_for,
@@ -169,6 +178,8 @@ class _Checkpointing:
         self.replicating = Checkpointer(store, args.run)
         self.quiet = Checkpointer(store, args.run, background=False)
         self.rejected: list[int] = []  # steps load() rejected, still to hand to replication
+        self.pending: _Pending | None = None
+        self._memcpy = MemcpyClock()
 
     def resume(self, job: Job) -> None:
         """Load the newest valid checkpoint into ``job`` (quietly: no repair races the load)."""
@@ -190,7 +201,14 @@ class _Checkpointing:
         emit("replicated", step=step, seconds=time.perf_counter() - started)
 
     def save(self, step: int, state: dict[str, object], importance: Importance) -> None:
-        """Save ``state`` as ``step`` (throttled if asked), reporting ``saving`` and ``saved``."""
+        """Start an async save of ``state`` as ``step`` (throttled if asked).
+
+        The previous save is settled first (one save in flight, across the
+        throttled and the normal checkpointer alike). ``saving`` is reported once
+        the snapshot is taken -- with the stall and a memcpy of the same state
+        for comparison -- and ``saved`` once the save has committed.
+        """
+        self.settle()
         target, rate = self.replicating, None
         if self.rejected and step <= self.rejected[-1]:
             target = self.quiet
@@ -199,26 +217,59 @@ class _Checkpointing:
         if step == self.args.throttle_step:
             rate = state_bytes(state) / max(self.args.throttle_seconds, 1e-3)
             target = _throttled(target.store, self.args.run, rate)
-        emit(
-            "saving", step=step, importance=importance.value, throttled=rate is not None, rate=rate
-        )
         before = _set_aside(target.store, self.args.run, step)
-        info = target.save(step, state, importance)
+        memcpy = self._memcpy.seconds(state)
+        handle = target.save_async(step, state, importance)
+        emit(
+            "saving",
+            step=step,
+            importance=importance.value,
+            throttled=rate is not None,
+            rate=rate,
+            stall=handle.stall_seconds,
+            memcpy=memcpy,
+        )
+        self.pending = _Pending(handle, target, before, rate is not None, memcpy, importance)
+
+    def settle(self) -> None:
+        """Wait for the save in flight to commit; report ``saved`` (and replication if asked)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        info = pending.handle.result()
+        step = pending.handle.step
         emit(
             "saved",
             step=step,
-            importance=importance.value,
+            importance=pending.importance.value,
             seconds=info.save_seconds,
+            stall=info.stall_seconds,
+            memcpy=pending.memcpy,
             bytes=info.nbytes,
-            set_aside=sorted(_set_aside(target.store, self.args.run, step) - before),
+            set_aside=sorted(
+                _set_aside(pending.target.store, self.args.run, step) - pending.before
+            ),
         )
-        if self.args.wait_replicated and rate is None:
+        if self.args.wait_replicated and not pending.throttled:
             self._wait_replicated(step)
 
     def finish(self, step: int) -> None:
-        """Wait until every checkpoint (and repair) is replicated."""
+        """Wait until every checkpoint (and repair) is committed and replicated."""
+        self.settle()
         self._start_repairs()  # if no save came after the rejected steps
         self._wait_replicated(step)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """An async save in flight and what its ``saved`` report needs."""
+
+    handle: SaveHandle
+    target: Checkpointer
+    before: set[str]
+    throttled: bool
+    memcpy: float
+    importance: Importance
 
 
 def run(args: argparse.Namespace) -> None:
