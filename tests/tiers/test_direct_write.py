@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -171,3 +172,26 @@ def test_local_tier_reports_a_full_disk_and_leaves_nothing(tmp_path: Path) -> No
         tier.put("a/b", iter([memoryview(_payload(3 * BLOCK_BYTES))]))
     assert not tier.exists("a/b")
     assert list((tmp_path / "t" / "a").iterdir()) == []
+
+
+def test_a_slow_producer_reaches_the_disk_steadily(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    seen: list[int] = []
+    piece = _payload(64 * 1024)
+
+    def slow() -> Iterator[memoryview]:
+        for _ in range(6):
+            seen.append(path.stat().st_size)
+            yield memoryview(piece)
+            time.sleep(direct_write.FLUSH_AFTER_SECONDS * 1.5)
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        outcome = write_stream(fd, slow(), direct=True)
+    finally:
+        os.close(fd)
+    assert outcome.size == 6 * len(piece)
+    assert path.read_bytes() == piece * 6
+    # Far less than a block was produced, yet bytes landed before the stream ended.
+    assert seen[0] == 0
+    assert 0 < seen[-1] < outcome.size

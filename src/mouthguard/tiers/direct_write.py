@@ -39,6 +39,7 @@ import fcntl
 import mmap
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +53,9 @@ BLOCK_BYTES = 32 * 1024 * 1024
 IN_FLIGHT = 4
 #: Threads issuing writes, shared by every file written in this process.
 WRITER_THREADS = 4
+#: A partly filled block older than this is written as far as it is aligned, so a
+#: slow producer's bytes reach the disk steadily instead of a block at a time.
+FLUSH_AFTER_SECONDS = 0.1
 #: Streams smaller than this are not worth the pipeline (manifests, sidecars).
 DIRECT_MIN_BYTES = 1024 * 1024
 
@@ -255,6 +259,7 @@ def write_stream(
     offset = 0  # file offset of the next byte of the stream
     block: mmap.mmap | None = None
     filled = 0
+    started = 0.0  # when the current block began to fill
     try:
         for chunk in chunks:
             view = chunk
@@ -265,13 +270,22 @@ def write_stream(
                     offset, view = offset + n, view[n:]
                     continue
                 if block is None:
-                    block, filled = BOUNCE_BUFFERS.take(), 0
+                    block, filled, started = BOUNCE_BUFFERS.take(), 0, time.monotonic()
                 n = min(BLOCK_BYTES - filled, view.nbytes)
                 copy_into(block, filled, view[:n])
                 filled, view = filled + n, view[n:]
                 if filled == BLOCK_BYTES:
                     pipeline.submit(offset, memoryview(block), block)
                     offset, block, filled = offset + BLOCK_BYTES, None, 0
+                elif filled >= ALIGN and time.monotonic() - started > FLUSH_AFTER_SECONDS:
+                    # A slow producer (a throttled link, a remote source): write what
+                    # is aligned now rather than hold it until the block fills.
+                    aligned = filled - filled % ALIGN
+                    spill = BOUNCE_BUFFERS.take()
+                    copy_into(spill, 0, memoryview(block)[aligned:filled])
+                    pipeline.submit(offset, memoryview(block)[:aligned], block)
+                    offset, block, filled = offset + aligned, spill, filled - aligned
+                    started = time.monotonic()
         size = offset + filled
         if block is not None:
             # The tail: padded to the alignment for O_DIRECT, truncated back below.
