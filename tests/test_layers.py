@@ -25,6 +25,9 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"errors", "tiers", "policy"},
     "checkpoint": {"errors", "format", "policy", "tiers", "config", "checkpoint"},
     "jobs": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs"},
+    # The DCP storage plugins: an adapter above checkpoint (its commit protocol and
+    # verified reads); the writer wakes the background service after a commit.
+    "dcp": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "dcp"},
     "demo": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo"},
     "cli": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo", "cli"},
 }

@@ -152,6 +152,40 @@ def test_multi_rank_manifest_parses(body: dict[str, Any]) -> None:
     assert m.nbytes == m.files[0].size + 4096
 
 
+# --- the optional DCP member ---------------------------------------------------
+
+
+def test_manifest_without_dcp_has_no_dcp_member(saved_raw: bytes) -> None:
+    """Existing manifests (and so their checksums) are unchanged by the optional field."""
+    assert b'"dcp"' not in saved_raw
+    m = parse_manifest(saved_raw)
+    assert m.dcp is None and not m.is_dcp
+
+
+def test_dcp_member_round_trips_byte_identically(body: dict[str, Any]) -> None:
+    body["dcp"] = {"format": "mouthguard.dcp", "items": [{"fqn": "w", "size": [2, 3]}]}
+    raw = seal(body)
+    m = parse_manifest(raw)
+    assert m.is_dcp and m.dcp == body["dcp"]
+    assert m.to_bytes() == raw
+
+
+@pytest.mark.parametrize("value", [None, [], "pickle", 1, True])
+def test_dcp_member_must_be_an_object(body: dict[str, Any], value: object) -> None:
+    body["dcp"] = value
+    reject(body, "'dcp' must be an object")
+
+
+def test_dcp_member_counts_towards_the_size_limit(
+    body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body["dcp"] = {"blob": "x" * 10_000}
+    raw = seal(body)
+    monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", len(raw) - 1)
+    with pytest.raises(ManifestError, match="limit"):
+        parse_manifest(raw)
+
+
 # --- corruption of the bytes ---------------------------------------------------
 
 

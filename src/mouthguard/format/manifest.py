@@ -14,6 +14,12 @@ is detected, including whitespace. Parsing treats the input as hostile: size,
 depth, types, names, offsets and overlaps are all validated before anything is
 read on the strength of it, and file names are single safe path segments so a
 manifest can never point outside its checkpoint directory.
+
+A checkpoint written through ``torch.distributed.checkpoint`` (``mouthguard.dcp``)
+carries DCP's own metadata as explicit JSON in the optional ``dcp`` member. The
+member is written only when present, so every other manifest (and its checksum)
+is byte-for-byte what it was before the member existed. Here it is only checked
+to be a JSON object; ``mouthguard.dcp`` validates its content.
 """
 
 from __future__ import annotations
@@ -80,6 +86,17 @@ class Manifest:
     states: tuple[JsonValue, ...]
     framework: Mapping[str, str] = field(default_factory=dict)
     reference: JsonValue = None
+    #: DCP metadata (``mouthguard.dcp``'s JSON form); None for a ``Checkpointer`` save.
+    dcp: JsonValue = None
+
+    @property
+    def is_dcp(self) -> bool:
+        """Whether the checkpoint was written through ``torch.distributed.checkpoint``.
+
+        Its ``states`` are then empty: the state lives in DCP's metadata and is
+        loaded with ``mouthguard.dcp.Reader``, not ``Checkpointer.load``.
+        """
+        return self.dcp is not None
 
     @property
     def nbytes(self) -> int:
@@ -128,6 +145,9 @@ class Manifest:
             "states": list(self.states),
             "reference": self.reference,
         }
+        if self.dcp is not None:
+            # Only when present: manifests without it keep their exact bytes and checksum.
+            body["dcp"] = self.dcp
         return seal(body)
 
     @classmethod
@@ -198,6 +218,9 @@ def _validate(body: JsonValue) -> Manifest:
     states = body.get("states")
     if not isinstance(states, list) or len(states) != world_size:
         raise ManifestError("states must be a list with one entry per rank")
+    dcp = body.get("dcp")
+    if "dcp" in body and not isinstance(dcp, dict):
+        raise ManifestError(f"manifest field 'dcp' must be an object, got {type(dcp).__name__}")
     return Manifest(
         run=run,
         step=step,
@@ -209,6 +232,7 @@ def _validate(body: JsonValue) -> Manifest:
         states=tuple(states),
         framework={str(k): str(v) for k, v in framework.items()},
         reference=body.get("reference"),
+        dcp=dcp,
     )
 
 
