@@ -120,8 +120,7 @@ class AsyncSaver:
             self._executor = ThreadPoolExecutor(
                 1, thread_name_prefix=f"mouthguard-save-{self._name}"
             )
-        future = self._executor.submit(job)
-        future.add_done_callback(_log_failure(run, step))
+        future = self._executor.submit(_logged(run, step, job))
         self._last = future
         return SaveHandle(
             run,
@@ -140,10 +139,15 @@ class AsyncSaver:
         self.staging.release()
 
 
-def _log_failure(run: str, step: int) -> Callable[[Future[CheckpointInfo]], None]:
-    def report(future: Future[CheckpointInfo]) -> None:
-        exc = future.exception()
-        if exc is not None:
-            log.error("async save of %s step %d failed, nothing committed: %s", run, step, exc)
+def _logged(run: str, step: int, job: Callable[[], CheckpointInfo]) -> Callable[[], CheckpointInfo]:
+    """``job``, logging its failure before the handle can see it (nothing is lost silently)."""
 
-    return report
+    def run_job() -> CheckpointInfo:
+        try:
+            return job()
+        except BaseException as exc:
+            # The handle carries the traceback; the log line is for when nobody asks.
+            log.error("async save of %s step %d failed, nothing committed: %s", run, step, exc)  # noqa: TRY400
+            raise
+
+    return run_job

@@ -110,7 +110,8 @@ class Loader:
         for tier in self._tiers_holding(step):
             try:
                 manifest = read_manifest(tier, self.run, step)
-                self._check_world_size(manifest)
+                if not self._loadable(manifest, fallback=fallback):
+                    return None
                 state = load_copy(tier, prefix, manifest, rank=self.ranks.rank, into=into)
             except StateMismatchError:
                 raise
@@ -122,7 +123,22 @@ class Loader:
             return LoadedCheckpoint(step, state, info, tier.name, list(rejected))
         return None
 
-    def _check_world_size(self, manifest: Manifest) -> None:
+    def _loadable(self, manifest: Manifest, *, fallback: bool) -> bool:
+        """Whether this job can load ``manifest``: False skips it (only when falling back).
+
+        A checkpoint saved through torch.distributed.checkpoint is ``mouthguard.dcp``'s
+        to load; a resume that walks back over it skips it.
+
+        Raises:
+            StateMismatchError: asked for explicitly, it cannot be loaded here.
+        """
+        if manifest.is_dcp:
+            if fallback:
+                return False
+            raise StateMismatchError(
+                f"checkpoint {self.run} step {manifest.step} was saved through "
+                "torch.distributed.checkpoint: load it with mouthguard.dcp.Reader"
+            )
         if manifest.world_size != self.ranks.world_size:
             raise StateMismatchError(
                 f"checkpoint {self.run} step {manifest.step} was saved by "
@@ -130,6 +146,7 @@ class Loader:
                 "(to load with a different number of ranks, save and load through "
                 "mouthguard.dcp, which reshards)"
             )
+        return True
 
     def _reject(
         self,
