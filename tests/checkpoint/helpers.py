@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import torch
 
 import mouthguard
+from mouthguard.errors import TierError
+from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, TierCapabilities
+from mouthguard.tiers.memory import MemoryTier
+from mouthguard.tiers.throttle import ThrottledTier
+
+
+class NoRenameTier(ThrottledTier):
+    """A memory tier that behaves like an object store: no rename; can fail the manifest."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryTier("objects", "region-a"), write_bytes_per_second=1e12)
+        self.fail_manifest = False
+
+    @property
+    def capabilities(self) -> TierCapabilities:
+        return dataclasses.replace(self.inner.capabilities, atomic_rename=False)
+
+    def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
+        if self.fail_manifest and key.endswith("manifest.json"):
+            raise TierError("injected: the object store is down")
+        return super().put(key, data, mode=mode)
 
 
 def step_path(store: mouthguard.Store, run: str, step: int) -> Path:

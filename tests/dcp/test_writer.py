@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -30,10 +29,7 @@ from mouthguard.errors import (
 )
 from mouthguard.format.manifest import parse_manifest
 from mouthguard.jobs.replicator import Replicator
-from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, TierCapabilities
-from mouthguard.tiers.memory import MemoryTier
-from mouthguard.tiers.throttle import ThrottledTier
-from tests.checkpoint.helpers import flip_byte
+from tests.checkpoint.helpers import NoRenameTier, flip_byte
 from tests.dcp import workers
 from tests.dcp.conftest import Saved
 from tests.dcp.helpers import failure_of, load_one_rank, save_one_rank, zeros_like_state
@@ -277,23 +273,6 @@ def test_checkpoint_ids(tmp_path: Path) -> None:
         writer.reset("r")
     meta = writer.storage_meta()
     assert meta is not None and meta.checkpoint_id == "other/000000000012"
-
-
-class NoRenameTier(ThrottledTier):
-    """A memory tier that behaves like an object store: no rename; can fail the manifest."""
-
-    def __init__(self) -> None:
-        super().__init__(MemoryTier("objects", "region-a"), write_bytes_per_second=1e12)
-        self.fail_manifest = False
-
-    @property
-    def capabilities(self) -> TierCapabilities:
-        return dataclasses.replace(self.inner.capabilities, atomic_rename=False)
-
-    def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
-        if self.fail_manifest and key.endswith("manifest.json"):
-            raise TierError("injected: the object store is down")
-        return super().put(key, data, mode=mode)
 
 
 def test_object_store_commit_is_the_manifest_and_failures_clean_up() -> None:

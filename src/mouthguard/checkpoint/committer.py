@@ -80,7 +80,7 @@ def save_copy(
         MouthguardError: this rank's own failure, unchanged.
     """
     final = catalog.checkpoint_prefix(request.run, request.step)
-    txn = _agree(ranks, lambda: _clear_the_way(tier, request.run, request.step))
+    txn = _agree(ranks, lambda: clear_the_way(tier, request.run, request.step))
     staging = staging_prefix(tier, request.run, request.step, str(txn))
     try:
         records = _gather(ranks, lambda: _records_json(write_rank(staging), request.skeleton))
@@ -150,7 +150,7 @@ def _peer_error(payload: dict[str, JsonValue]) -> MouthguardError:
     return RankFailedError(message + "; nothing was committed")
 
 
-def _clear_the_way(tier: Tier, run: str, step: int) -> str:
+def clear_the_way(tier: Tier, run: str, step: int) -> str:
     """Refuse a valid existing ``step``, set a damaged one aside; return a new txn id.
 
     A resumed run that fell back past a damaged checkpoint saves that step again:

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from mouthguard.tiers.base import Tier
 
 #: Reads in flight per file.
-READ_AHEAD = 4
+READ_AHEAD = 8
 #: Threads issuing reads, shared by every load in this process.
 READER_THREADS = 4
 

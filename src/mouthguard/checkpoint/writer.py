@@ -100,7 +100,7 @@ def write_rank_file(
     layout = layout_for(flat, metadata)
     hasher = StreamHasher(with_sha256=with_sha256)
     info = tier.put(staging + name, _stream(flat, layout, hasher), mode=PutMode.CREATE)
-    return _records(name, rank, layout, info.size, hasher)
+    return file_records(name, rank, layout, info.size, hasher)
 
 
 def write_rank_image(
@@ -130,12 +130,13 @@ def write_rank_image(
 
     name = rank_file_name(rank)
     info = tier.put(staging + name, StableChunks(chunks()), mode=PutMode.CREATE)
-    return _records(name, rank, layout, info.size, hasher)
+    return file_records(name, rank, layout, info.size, hasher)
 
 
-def _records(
+def file_records(
     name: str, rank: int, layout: RankFileLayout, written: int, hasher: StreamHasher
 ) -> tuple[FileRecord, list[TensorRecord]]:
+    """The manifest records of a rank file just written, after checking its size."""
     if written != layout.size or hasher.nbytes != layout.size:
         raise FormatError(f"{name}: wrote {written} bytes, expected {layout.size}")
     record = FileRecord(

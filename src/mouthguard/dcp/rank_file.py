@@ -25,7 +25,7 @@ import torch
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 
 from mouthguard.checkpoint.catalog import rank_file_name
-from mouthguard.checkpoint.writer import WRITE_CHUNK_BYTES
+from mouthguard.checkpoint.writer import WRITE_CHUNK_BYTES, file_records
 from mouthguard.dcp.metadata_json import StoredItem
 from mouthguard.errors import FormatError
 from mouthguard.format.checksum import StreamHasher
@@ -188,19 +188,8 @@ def write_items(
     name = rank_file_name(rank)
     stream = _Streamer(planner, ordered, layout, payloads, with_sha256=with_sha256)
     info = tier.put(staging + name, stream, mode=PutMode.CREATE)
-    if info.size != layout.size or stream.file_hasher.nbytes != layout.size:
-        raise FormatError(f"{name}: wrote {info.size} bytes, expected {layout.size}")
-    record = FileRecord(
-        name=name,
-        rank=rank,
-        size=layout.size,
-        data_offset=layout.data_offset,
-        checksum=stream.file_hasher.xxh3,
-        sha256=stream.file_hasher.sha256,
-    )
-    tensors = tuple(
-        TensorRecord(e.name, name, e.dtype, e.shape, e.offset, e.length) for e in layout.entries
-    )
+    record, tensor_list = file_records(name, rank, layout, info.size, stream.file_hasher)
+    tensors = tuple(tensor_list)
     located = tuple(
         (item, StoredItem(file=name, tensor=entry.name, checksum=digest), entry.length)
         for item, entry, digest in zip(ordered, layout.entries, stream.item_digests, strict=True)

@@ -53,14 +53,12 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.quarantine import set_aside
-from mouthguard.checkpoint.reader import read_manifest, verify_copy
+from mouthguard.checkpoint.committer import clear_the_way
 from mouthguard.checkpoint.sidecars import CopyRef
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.writer import (
     commit_bytes,
     framework_versions,
-    new_transaction_id,
     staging_prefix,
     utc_now,
 )
@@ -212,27 +210,13 @@ class Writer(StorageWriter):
         Raises:
             CheckpointExistsError: the step is already committed and valid.
         """
-        self._make_room()
-        target = SaveTarget(new_transaction_id(), 0, len(plans))
+        # A valid committed step is refused; a damaged one is set aside (as save() does).
+        target = SaveTarget(clear_the_way(self.store.fast, self.run, self.step), 0, len(plans))
         self._target = target
         return [
             dataclasses.replace(plan, storage_data=dataclasses.replace(target, rank=rank))
             for rank, plan in enumerate(plans)
         ]
-
-    def _make_room(self) -> None:
-        """A valid committed step is refused; a damaged one is set aside (as ``save`` does)."""
-        tier = self.store.fast
-        if not tier.exists(catalog.manifest_key(self.run, self.step)):
-            return
-        prefix = catalog.checkpoint_prefix(self.run, self.step)
-        try:
-            verify_copy(tier, prefix, read_manifest(tier, self.run, self.step))
-        except MouthguardError as exc:
-            if tier.exists(catalog.manifest_key(self.run, self.step)):
-                set_aside(CopyRef(tier, self.run, self.step), str(exc))
-            return
-        raise CheckpointExistsError(f"checkpoint {self.run} step {self.step} already exists")
 
     # --- writing -----------------------------------------------------------------
 
