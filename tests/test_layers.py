@@ -1,7 +1,7 @@
 """The package's layers, enforced: data flows framework -> checkpoint -> policy -> tiers.
 
 * ``tiers`` import nothing above them (only ``errors`` and each other).
-* ``policy`` (and, later, ``plan``) are pure: no I/O layer, no tiers, no torch I/O.
+* ``policy`` and ``plan`` are pure: no I/O layer, no tiers, no torch I/O.
 * ``format`` knows nothing of checkpoints, tiers' implementations or the CLI.
 * ``jobs`` move copies between tiers on the policy's word; nothing below imports them.
 * nothing but the CLI imports the CLI.
@@ -28,8 +28,21 @@ ALLOWED: dict[str, set[str]] = {
     # The DCP storage plugins: an adapter above checkpoint (its commit protocol and
     # verified reads); the writer wakes the background service after a commit.
     "dcp": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "dcp"},
+    # The economics (sizing, intervals, the simulator): pure arithmetic and plots.
+    "plan": {"errors", "plan"},
     "demo": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo"},
-    "cli": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo", "cli"},
+    "cli": {
+        "errors",
+        "format",
+        "policy",
+        "tiers",
+        "config",
+        "checkpoint",
+        "jobs",
+        "demo",
+        "plan",
+        "cli",
+    },
 }
 
 

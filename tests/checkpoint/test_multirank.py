@@ -16,7 +16,12 @@ import torch
 import torch.distributed as dist
 
 import mouthguard
-from mouthguard.errors import RankFailedError, StateMismatchError, UnsupportedStateError
+from mouthguard.errors import (
+    RankFailedError,
+    StateMismatchError,
+    TierError,
+    UnsupportedStateError,
+)
 from mouthguard.format.manifest import Manifest
 from mouthguard.tiers.local import LocalTier
 from tests.checkpoint.helpers import flip_byte, step_path
@@ -131,6 +136,17 @@ def _failing_rank_story(rank: int, world_size: int, root: str) -> dict[str, str]
     # The group still works: a good save commits on every rank.
     ckpt.save(3, _rank_state(rank, 3))
     outcome["steps"] = ",".join(map(str, ckpt.steps()))
+    # A fast tier that is not shared (each rank its own directory) cannot commit.
+    private = mouthguard.Store([LocalTier(Path(root) / f"private-{rank}")])
+    split = mouthguard.Checkpointer(private, run="job", background=False)
+    try:
+        split.save(4, _rank_state(rank, 4))
+        outcome["private"] = "saved"
+    except RankFailedError:
+        outcome["private"] = "peer error"
+    except TierError as exc:
+        outcome["private"] = "not shared" if "shared by every rank" in str(exc) else str(exc)
+    outcome["private_steps"] = ",".join(map(str, split.steps()))
     return outcome
 
 
@@ -138,6 +154,13 @@ def test_a_failing_rank_commits_nothing_and_every_rank_hears_of_it(tmp_path: Pat
     reports = run_distributed(_failing_rank_story, 3, str(tmp_path))
     for rank, report in enumerate(reports):
         expected = "own error" if rank == 1 else "peer error"
-        assert report == {"sync": expected, "async": expected, "steps": "3"}, rank
+        assert report == {
+            "sync": expected,
+            "async": expected,
+            "steps": "3",
+            # The coordinator sees the missing rank files; the others hear of it.
+            "private": "not shared" if rank == 0 else "peer error",
+            "private_steps": "",
+        }, rank
     # Nothing of the failed saves is left: no partial directories.
     assert sorted(p.name for p in (tmp_path / "fast" / "job").iterdir()) == [f"{3:012d}"]

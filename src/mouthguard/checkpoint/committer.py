@@ -43,6 +43,7 @@ from mouthguard.errors import (
     CheckpointExistsError,
     MouthguardError,
     ObjectExistsError,
+    ObjectNotFoundError,
     RankFailedError,
     TierError,
 )
@@ -246,7 +247,11 @@ def _check_visible(tier: Tier, staging: str, records: list[FileRecord]) -> None:
     ranks: committing a manifest over it would be a lie.
     """
     for record in records:
-        if tier.head(staging + record.name).size != record.size:
+        try:
+            size: int | None = tier.head(staging + record.name).size
+        except ObjectNotFoundError:
+            size = None
+        if size != record.size:
             raise TierError(
                 f"{record.name} is not visible with its size on tier {tier.name!r} "
                 "from the coordinator: is the tier shared by every rank?"
