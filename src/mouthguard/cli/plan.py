@@ -1,0 +1,358 @@
+"""``mouthguard plan``: what a model's checkpoints cost in bytes, bandwidth, wear and lost work.
+
+Every figure comes from :mod:`mouthguard.plan`; this module only gathers the
+inputs, fills defaults (from the model preset where it has them) and prints a
+table or one JSON object. JSON keys carry their unit as a suffix (``_bytes``,
+``_s`` or ``_seconds``, ``_bytes_per_s``, ``_usd``, ``_fraction``).
+
+Exit codes: 0 success; 2 bad input (argparse rejects malformed numbers itself;
+:func:`run` reports the rest — unknown model, missing GPU count — on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from mouthguard.plan import intervals as iv
+from mouthguard.plan import sizing as sz
+from mouthguard.plan.presets import preset_names, resolve_model
+
+EXIT_OK, EXIT_USAGE = 0, 2
+DEFAULT_INTERVAL_S = 1800.0  # "approximately every 30 minutes" (Llama 3 70B)
+DEFAULT_WINDOW_S = 300.0  # land the checkpoint in 5 minutes so training does not stall
+#: 1.5 failures a day (the middle of the reported 1-2) on a 16,384-GPU cluster.
+DEFAULT_GPU_MTBF_HOURS = 16_384 * 24 / 1.5
+DEFAULT_RUN_DAYS = 14.0  # the 14-day run of the failure-cost example
+DEFAULT_DWPD = 1.0  # a read-intensive enterprise NVMe drive's rating
+_DTYPES = list(sz.DTYPE_BYTES)
+_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+
+
+def _number(text: str, *, positive: bool = True, units: bool = False) -> float:
+    """Argparse type: a finite number (``> 0`` or ``>= 0``), with K/M/G/T/P suffix if ``units``."""
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kmgtp]?)b?(?:/s)?\s*", text, re.IGNORECASE)
+    bad = argparse.ArgumentTypeError(f"not a number: {text!r}")
+    if match is None or (match.group(2) and not units):
+        raise bad
+    try:
+        value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    except ValueError:
+        raise bad from None
+    if not (value > 0 if positive else value >= 0) or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be {'> 0' if positive else '>= 0'}: {text!r}")
+    return value
+
+
+_positive = partial(_number)
+_non_negative = partial(_number, positive=False)
+_bytes_arg = partial(_number, units=True)  # bytes or bytes/s: 600e9, 600G, 30.72TB
+
+
+def _count(text: str) -> int:
+    """Argparse type: an integer >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1: {text!r}")
+    return int(text)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``plan`` and its options on the ``mouthguard`` subparsers."""
+    p = sub.add_parser(
+        "plan",
+        help="checkpoint size, bandwidth, wear, lost work and the optimal interval",
+        description="Checkpoint economics of a training run (sizes are decimal: 1 GB = 1e9 B).",
+    )
+    p.add_argument(
+        "model",
+        help=f"a preset ({', '.join(preset_names())}; aliases 70b, 405b, 15t) "
+        "or a parameter count (70B, 1.5T, 7e9)",
+    )
+    for flags, kwargs in _OPTIONS:
+        p.add_argument(*flags, **kwargs)
+    mtbf = p.add_mutually_exclusive_group()
+    mtbf.add_argument("--mtbf-hours", type=_positive, help="mean hours between job failures")
+    mtbf.add_argument(
+        "--gpu-mtbf-hours",
+        type=_positive,
+        help=f"mean hours between failures of one GPU (default {DEFAULT_GPU_MTBF_HOURS:,.0f})",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (keys carry units)")
+
+
+def _opt(flag: str, kind: Any, help_text: str, default: Any = None) -> tuple[tuple[str], Any]:
+    key = "choices" if isinstance(kind, list) else "type"
+    return (flag,), {key: kind, "default": default, "help": help_text}
+
+
+_OPTIONAL = [*_DTYPES, "none"]
+_OPTIONS = [
+    _opt("--weights-dtype", _DTYPES, "default bf16", "bf16"),
+    _opt("--optimizer-dtype", _DTYPES, "Adam m and v (default fp32)", "fp32"),
+    _opt("--gradients-dtype", _OPTIONAL, "default bf16", "bf16"),
+    _opt("--master-weights-dtype", _OPTIONAL, "default none", "none"),
+    _opt("--gpus", _count, "GPUs in the job (default: the preset's)"),
+    _opt("--interval-seconds", _positive, "compute seconds between saves (default: preset, 1800)"),
+    _opt("--write-bandwidth", _bytes_arg, "aggregate write bandwidth, bytes/s (e.g. 600G)"),
+    _opt("--window-seconds", _positive, "seconds to land a save in (default: preset, 300)"),
+    _opt("--copies", _count, "copies written inline per save (default 1)", 1),
+    _opt("--checkpoint-seconds", _non_negative, "override the sync save's blocking seconds"),
+    _opt("--stall-seconds", _non_negative, "override the async snapshot stall, seconds"),
+    _opt(
+        "--snapshot-bandwidth",
+        _bytes_arg,
+        "per-GPU device-to-host bytes/s of an async snapshot (default 25G)",
+        sz.DEFAULT_SNAPSHOT_BYTES_PER_S,
+    ),
+    _opt("--restart-seconds", _non_negative, "seconds to restart after a failure (default 0)", 0.0),
+    _opt("--gpu-hour-usd", _non_negative, "USD per GPU-hour (no costs without it)"),
+    _opt("--run-days", _positive, "run length in days (default 14)", DEFAULT_RUN_DAYS),
+    _opt("--drive-capacity", _bytes_arg, "bytes per drive of the checkpoint tier (e.g. 30.72T)"),
+    _opt("--drives", _count, "drives the writes spread over (default 1)", 1),
+    _opt("--dwpd", _positive, "rated drive writes per day (default 1)", DEFAULT_DWPD),
+    _opt("--warranty-years", _positive, "rated drive life in years (default 5)", 5.0),
+]
+
+
+def compute(args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure of the plan, keyed with unit suffixes. Raises ValueError on bad input."""
+    label, params, preset = resolve_model(args.model)
+    gpus = args.gpus if args.gpus is not None else (preset.gpus if preset else None)
+    if gpus is None:
+        raise ValueError(f"give --gpus: {label} names no GPU count")
+    interval = _first(
+        args.interval_seconds, preset.interval_seconds if preset else None, DEFAULT_INTERVAL_S
+    )
+    window = _first(
+        args.window_seconds, preset.window_seconds if preset else None, DEFAULT_WINDOW_S
+    )
+    layout = sz.StateLayout(
+        weights=args.weights_dtype,
+        adam_m=args.optimizer_dtype,
+        adam_v=args.optimizer_dtype,
+        gradients=args.gradients_dtype,
+        master_weights=args.master_weights_dtype,
+    )
+    total = sz.checkpoint_bytes(params, layout)
+    shard = sz.per_gpu_shard_bytes(total, gpus)
+    burst = sz.burst_bytes(total, args.copies)
+    land = None if args.write_bandwidth is None else sz.write_seconds(burst, args.write_bandwidth)
+    # The blocking cost C of a sync save: the override, else the time to land the
+    # burst, else assume the storage was sized to land it exactly in the window.
+    if args.checkpoint_seconds is not None:
+        cost, source = args.checkpoint_seconds, "override"
+    elif land is not None:
+        cost, source = land, "write_bandwidth"
+    else:
+        cost, source = window, "window"
+    stall = args.stall_seconds
+    if stall is None:
+        stall = sz.snapshot_stall_seconds(shard, args.snapshot_bandwidth)
+    if args.mtbf_hours is not None:
+        mtbf = iv.job_mtbf_seconds(job_mtbf_hours=args.mtbf_hours)
+    else:
+        gpu_mtbf = args.gpu_mtbf_hours or DEFAULT_GPU_MTBF_HOURS
+        mtbf = iv.job_mtbf_seconds(gpu_mtbf_hours=gpu_mtbf, gpus=gpus)
+    run_s = args.run_days * sz.SECONDS_PER_DAY
+    daily = sz.write_bytes_over(burst, interval)
+    run_bytes = sz.write_bytes_over(burst, interval, run_s)
+    failures = iv.expected_failures(run_s, mtbf)
+    saves = sz.checkpoints_in(run_s, interval)
+    floor = iv.min_async_interval(stall, cost)
+    out: dict[str, Any] = {
+        "model": label,
+        "parameters": params,
+        "gpus": gpus,
+        "bytes_per_parameter": layout.bytes_per_parameter(),
+        "components_bytes": sz.checkpoint_components(params, layout),
+        "checkpoint_bytes": total,
+        "per_gpu_shard_bytes": shard,
+        "copies": args.copies,
+        "burst_bytes": burst,
+        "write_bandwidth_bytes_per_s": args.write_bandwidth,
+        "time_to_land_s": land,
+        "window_seconds": window,
+        "bandwidth_needed_bytes_per_s": sz.bandwidth_for_window(burst, window),
+        "interval_seconds": interval,
+        "checkpoints_per_day": sz.checkpoints_in(sz.SECONDS_PER_DAY, interval),
+        "daily_write_bytes": daily,
+        "run_seconds": run_s,
+        "checkpoints_per_run": saves,
+        "run_write_bytes": run_bytes,
+        "mtbf_seconds": mtbf,
+        "expected_failures": failures,
+        "restart_seconds": args.restart_seconds,
+        "checkpoint_seconds": cost,
+        "checkpoint_seconds_source": source,
+        "stall_seconds": stall,
+        "async_interval_queues": interval < floor,
+        "optimal_interval_young_s": iv.young_interval(cost, mtbf),
+        "optimal_interval_daly_s": iv.daly_interval(cost, mtbf),
+        "optimal_interval_young_async_s": max(iv.young_interval(stall, mtbf), floor),
+        "optimal_interval_daly_async_s": max(iv.daly_interval(stall, mtbf), floor),
+        "waste_fraction_sync": iv.waste_fraction(interval, cost, mtbf, args.restart_seconds),
+        "waste_fraction_at_daly_sync": iv.waste_fraction(
+            iv.daly_interval(cost, mtbf), cost, mtbf, args.restart_seconds
+        ),
+    }
+    lost = {
+        "sync": iv.expected_lost_seconds_per_failure(interval, cost, args.restart_seconds),
+        "async": iv.expected_lost_seconds_per_failure_async(
+            interval, stall, cost, args.restart_seconds
+        ),
+    }
+    for mode, blocked in (("sync", cost), ("async", stall)):
+        gpu_h = {
+            "lost_gpu_hours_per_failure": lost[mode] * gpus / 3600,
+            "lost_gpu_hours_per_run": lost[mode] * gpus / 3600 * failures,
+            "checkpoint_gpu_hours_per_run": blocked * saves * gpus / 3600,
+        }
+        out[f"expected_lost_seconds_per_failure_{mode}"] = lost[mode]
+        for key, hours in gpu_h.items():
+            out[f"{key}_{mode}"] = hours
+            usd_key = key.replace("gpu_hours", "cost_usd")
+            price = args.gpu_hour_usd
+            out[f"{usd_key}_{mode}"] = None if price is None else hours * price
+    out["gpu_hour_usd"] = args.gpu_hour_usd
+    endurance = None
+    if args.drive_capacity is not None:
+        endurance = sz.drive_endurance(
+            daily_bytes=daily,
+            run_bytes=run_bytes,
+            drive_capacity_bytes=args.drive_capacity,
+            dwpd=args.dwpd,
+            drives=args.drives,
+            warranty_years=args.warranty_years,
+        )
+    out |= {"drive_capacity_bytes": args.drive_capacity, "drives": args.drives, "dwpd": args.dwpd}
+    out["drive_writes_per_day"] = endurance.drive_writes_per_day if endurance else None
+    out["dwpd_used_fraction"] = endurance.rated_fraction if endurance else None
+    out["endurance_used_fraction_run"] = endurance.run_fraction_of_life if endurance else None
+    return out
+
+
+def _first(*values: float | None) -> float:
+    """The first value that is given (the last is the default, always given)."""
+    return next(v for v in values if v is not None)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Print the plan (table, or one JSON object with ``--json``); 2 on bad input."""
+    try:
+        figures = compute(args)
+    except ValueError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        return EXIT_USAGE
+    if args.json:
+        console.file.write(json.dumps(figures) + "\n")
+        return EXIT_OK
+    for table in _tables(figures):
+        console.print(table)
+    if figures["async_interval_queues"]:
+        console.print("note: async writes take longer than the interval; saves would queue")
+    return EXIT_OK
+
+
+def _size(n: float | None, suffix: str = "") -> str:
+    if n is None:
+        return "—"
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}{suffix}" if unit == "B" else f"{n:.1f} {unit}{suffix}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+_DURATIONS = ((1, "ms", 1e-3), (120, "s", 1), (7200, "min", 60), (172_800, "h", 3600))
+
+
+def _time(s: float | None) -> str:
+    if s is None:
+        return "—"
+    for limit, unit, scale in _DURATIONS:
+        if s < limit:
+            return f"{s / scale:.1f} {unit}"
+    return f"{s / 86_400:.1f} days"
+
+
+def _usd(x: float | None) -> str:
+    return "— (no --gpu-hour-usd)" if x is None else f"${x:,.0f}"
+
+
+def _num(x: float | None, fmt: str = ",.1f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _table(title: str, rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i, column in enumerate(header):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _tables(f: dict[str, Any]) -> list[Table]:
+    per_param = [
+        (k, f"{v / f['parameters']:g} B", _size(v)) for k, v in f["components_bytes"].items()
+    ]
+    per_param.append(("total", f"{f['bytes_per_parameter']} B", _size(f["checkpoint_bytes"])))
+    endurance = f"{_num(f['drive_writes_per_day'], '.3f')} ({_num(f['dwpd_used_fraction'], '.1%')})"
+    storage = [
+        ("per-GPU shard", _size(f["per_gpu_shard_bytes"])),
+        (f"burst ({f['copies']}x the checkpoint)", _size(f["burst_bytes"])),
+        ("write bandwidth", _size(f["write_bandwidth_bytes_per_s"], "/s")),
+        ("time to land the burst", _time(f["time_to_land_s"])),
+        (f"bandwidth to land it in {_time(f['window_seconds'])}", _rate(f, "bandwidth_needed")),
+        ("written per day", _size(f["daily_write_bytes"])),
+        (f"written per run ({f['checkpoints_per_run']:,.0f} saves)", _size(f["run_write_bytes"])),
+        ("drive writes per day (of rated DWPD)", endurance),
+        ("rated drive life used by the run", _num(f["endurance_used_fraction_run"], ".2%")),
+    ]
+
+    def pair(label: str, sync: str, async_: str, fmt: Callable[[Any], str]) -> tuple[str, ...]:
+        return label, fmt(f[sync]), fmt(f[async_])
+
+    def modes(label: str, key: str, fmt: Callable[[Any], str]) -> tuple[str, ...]:
+        return pair(label, f"{key}_sync", f"{key}_async", fmt)
+
+    waste = f"{f['waste_fraction_sync']:.2%} / {f['waste_fraction_at_daly_sync']:.2%}"
+    failures = [
+        pair("training blocked per save", "checkpoint_seconds", "stall_seconds", _time),
+        modes("lost per failure", "expected_lost_seconds_per_failure", _time),
+        modes("lost GPU-hours per failure", "lost_gpu_hours_per_failure", _num),
+        modes("cost per failure", "lost_cost_usd_per_failure", _usd),
+        modes("cost of failures per run", "lost_cost_usd_per_run", _usd),
+        modes("cost of save stalls per run", "checkpoint_cost_usd_per_run", _usd),
+        pair("optimal interval, Young", *_keys("young"), _time),
+        pair("optimal interval, Daly", *_keys("daly"), _time),
+        ("time wasted now / at Daly's interval", waste, ""),
+    ]
+    title = (
+        f"failures over {_time(f['run_seconds'])}: job MTBF {_time(f['mtbf_seconds'])}, "
+        f"{f['expected_failures']:,.1f} expected"
+    )
+    return [
+        _table(f"checkpoint of {f['model']}", per_param, ("component", "per param", "size")),
+        _table(
+            f"storage: {f['gpus']:,} GPUs, a save every {_time(f['interval_seconds'])}",
+            storage,
+            ("", "value"),
+        ),
+        _table(title, failures, ("", "sync", "async")),
+    ]
+
+
+def _rate(f: dict[str, Any], key: str) -> str:
+    return _size(f[f"{key}_bytes_per_s"], "/s")
+
+
+def _keys(formula: str) -> tuple[str, str]:
+    return f"optimal_interval_{formula}_s", f"optimal_interval_{formula}_async_s"

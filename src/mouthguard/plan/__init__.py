@@ -1,0 +1,42 @@
+"""Checkpoint economics: sizing, interval optimisation and failure costs (pure arithmetic).
+
+* :mod:`~mouthguard.plan.presets` — model presets and parameter-count parsing;
+* :mod:`~mouthguard.plan.sizing` — checkpoint bytes by component, shards, bursts,
+  bandwidth, write volume and drive endurance;
+* :mod:`~mouthguard.plan.intervals` — job MTBF, expected failures and lost work,
+  Young's and Daly's optimal intervals, the exponential-failure waste model.
+
+Nothing here does I/O; the ``plan`` and ``simulate`` commands and the simulator
+share these functions so their numbers agree.
+"""
+
+from __future__ import annotations
+
+from mouthguard.plan.intervals import (
+    daly_interval,
+    expected_failures,
+    expected_lost_seconds_per_failure,
+    expected_lost_seconds_per_failure_async,
+    job_mtbf_seconds,
+    waste_fraction,
+    young_interval,
+)
+from mouthguard.plan.presets import PRESETS, ModelPreset, get_preset, resolve_model
+from mouthguard.plan.sizing import DEFAULT_LAYOUT, StateLayout, checkpoint_bytes
+
+__all__ = [
+    "DEFAULT_LAYOUT",
+    "PRESETS",
+    "ModelPreset",
+    "StateLayout",
+    "checkpoint_bytes",
+    "daly_interval",
+    "expected_failures",
+    "expected_lost_seconds_per_failure",
+    "expected_lost_seconds_per_failure_async",
+    "get_preset",
+    "job_mtbf_seconds",
+    "resolve_model",
+    "waste_fraction",
+    "young_interval",
+]
