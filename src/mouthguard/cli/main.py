@@ -35,7 +35,7 @@ from mouthguard.checkpoint.info import CheckpointInfo
 from mouthguard.checkpoint.sidecars import CopyRef, check_sidecars
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.verification import CopyReport, CopyTarget, find_copies, verify_target
-from mouthguard.cli import doctor, lifecycle, ops
+from mouthguard.cli import doctor, lifecycle, ops, plan, simulate
 from mouthguard.cli.render import human_bytes, human_time
 from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardError
 from mouthguard.jobs.burst import MAX_YIELD_SECONDS, BurstGate
@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     ops.add_parsers(sub)
     doctor.add_parser(sub)
     sub.add_parser("demo", help="train, crash, corrupt, resume: watch a run survive")
+    plan.add_parser(sub)
+    simulate.add_parser(sub)
     return parser
 
 
@@ -113,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mouthguard.cli.demo import run_demo  # noqa: PLC0415 - heavy, demo only
 
             return run_demo(Path(args.store), console)
+        if args.command in {"plan", "simulate"}:  # arithmetic: no store needed
+            runner = plan.run if args.command == "plan" else simulate.run
+            return runner(args, console)
         store = open_store(args.store, create=False)
         handlers: dict[str, ops.Handler] = {"ls": _ls, "show": _show, "verify": _verify}
         handlers["scrub"] = _scrub

@@ -1,0 +1,147 @@
+"""Storage policies the simulator compares, as data.
+
+A policy says only what changes the cost of a failure: where the checkpoint a
+recovery needs is sitting (fast or slow tier, at what read bandwidth), whether
+reading it from the slow tier may wait on an erasure-code rebuild, and whether
+corruption is caught when the checkpoint is written or only when a resume
+tries to load it. Everything else (interval, write time, failure process) is
+the scenario's and is the same for every policy, so differences in the
+results are the policy's doing.
+
+Units: bandwidths in bytes per second (decimal, 1 GB/s = 1e9 B/s), times in
+seconds, probabilities in ``[0, 1]``.
+
+Default figures and where they come from (the source documents in
+``shared/seeds``; "assumption" marks a figure they do not give):
+
+* fast tier read, 100 GB/s aggregate: a parallel filesystem of the BeeGFS or
+  Lustre class (100 GB/s; 40 OSTs x 4 GB/s = 160 GB/s), the "100 GB/s of
+  checkpoints, datasets and state" a foundation-model pipeline moves. The
+  840 GB Llama 3 70B checkpoint reads back in about 8 s.
+* slow tier read, 10 GB/s aggregate: a managed NFS or object store reached over
+  the network (EFS "10+ GB/s"; S3 first bytes 5-50 ms). 840 GB takes ~84 s,
+  a 180 TB 15T-MoE checkpoint five hours: "minutes to potentially hours".
+* demotion after 5 minutes: access-temperature tiering flags write-once data
+  as cold "within minutes" and evicts it first.
+* erasure-code rebuild: a demoted checkpoint "sitting on an HDD tier behind an
+  erasure coding rebuild". How often a recovery meets a rebuild is not given
+  (assumption: one recovery in two, since the hardware fault that killed the
+  job often took drives with it); the wait is exponential with a 30-minute
+  mean (assumption), so a rebuild costs about one more 30-minute checkpoint
+  interval -- the seeds' "$300K failure becomes a $600K failure" -- with a
+  tail of hours.
+* verification: mouthguard reads back and checksums every checkpoint it
+  writes and keeps a second verified copy, so a corrupt write is repaired
+  before anyone needs it. Platforms that do not verify find out when the
+  resume fails to load, then fall back one more interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "FAST_READ_BYTES_PER_S",
+    "FLAT",
+    "IMPORTANCE",
+    "POLICIES",
+    "REBUILD_MEAN_SECONDS",
+    "REBUILD_PROBABILITY",
+    "SLOW_READ_BYTES_PER_S",
+    "TEMPERATURE",
+    "StoragePolicy",
+    "get_policy",
+]
+
+FAST_READ_BYTES_PER_S = 100e9
+SLOW_READ_BYTES_PER_S = 10e9
+DEMOTE_AFTER_SECONDS = 5 * 60.0
+REBUILD_PROBABILITY = 0.5
+REBUILD_MEAN_SECONDS = 30 * 60.0
+
+
+@dataclass(frozen=True)
+class StoragePolicy:
+    """How a storage platform treats checkpoints, as far as recovery cost goes.
+
+    Attributes:
+        name: short identifier (the key of ``--json`` output).
+        summary: one line for tables and legends.
+        fast_read_bytes_per_s: aggregate read bandwidth from the tier
+            checkpoints are written to, bytes/s.
+        slow_read_bytes_per_s: aggregate read bandwidth once demoted, bytes/s.
+        demote_after_seconds: age (since the checkpoint landed) at which it is
+            moved to the slow tier; ``None`` = the checkpoints a recovery reads
+            stay on the fast tier.
+        rebuild_probability: chance that a recovery reading from the slow tier
+            first waits for an erasure-code rebuild.
+        rebuild_mean_seconds: mean of that wait (exponentially distributed), s.
+        verify_at_write: corruption is detected and repaired when written, so
+            it never reaches a resume; otherwise a resume reads the corrupt
+            checkpoint, fails, and falls back one checkpoint.
+    """
+
+    name: str
+    summary: str
+    fast_read_bytes_per_s: float = FAST_READ_BYTES_PER_S
+    slow_read_bytes_per_s: float = SLOW_READ_BYTES_PER_S
+    demote_after_seconds: float | None = None
+    rebuild_probability: float = 0.0
+    rebuild_mean_seconds: float = 0.0
+    verify_at_write: bool = False
+
+    def __post_init__(self) -> None:
+        for label, value in (
+            ("fast_read_bytes_per_s", self.fast_read_bytes_per_s),
+            ("slow_read_bytes_per_s", self.slow_read_bytes_per_s),
+        ):
+            if not value > 0 or math.isinf(value):
+                raise ValueError(f"{label} must be a finite number > 0, got {value}")
+        if self.demote_after_seconds is not None and not 0 <= self.demote_after_seconds < math.inf:
+            raise ValueError(f"demote_after_seconds must be >= 0, got {self.demote_after_seconds}")
+        if not 0.0 <= self.rebuild_probability <= 1.0:
+            raise ValueError(
+                f"rebuild_probability must be in [0, 1], got {self.rebuild_probability}"
+            )
+        if not 0.0 <= self.rebuild_mean_seconds < math.inf:
+            raise ValueError(f"rebuild_mean_seconds must be >= 0, got {self.rebuild_mean_seconds}")
+
+    def read_seconds(self, nbytes: float, *, demoted: bool) -> float:
+        """Seconds to read ``nbytes`` back from the tier the checkpoint sits on."""
+        rate = self.slow_read_bytes_per_s if demoted else self.fast_read_bytes_per_s
+        return nbytes / rate
+
+
+IMPORTANCE = StoragePolicy(
+    "importance",
+    "mouthguard: newest valid checkpoints pinned on the fast tier, verified, replicated",
+    verify_at_write=True,
+)
+TEMPERATURE = StoragePolicy(
+    "temperature",
+    "access-temperature tiering: demoted within minutes, erasure-coded, unverified",
+    demote_after_seconds=DEMOTE_AFTER_SECONDS,
+    rebuild_probability=REBUILD_PROBABILITY,
+    rebuild_mean_seconds=REBUILD_MEAN_SECONDS,
+)
+# One tier that neither punishes nor elevates write-once data: the fast tier's
+# bandwidth for every read, but nobody checks a checkpoint until it is loaded.
+FLAT = StoragePolicy("flat", "one tier, no tiering, no verification")
+
+#: The three policies ``mouthguard simulate`` compares, in display order.
+DEFAULT_POLICIES: tuple[StoragePolicy, ...] = (IMPORTANCE, TEMPERATURE, FLAT)
+
+#: Policy name -> policy.
+POLICIES: Mapping[str, StoragePolicy] = MappingProxyType({p.name: p for p in DEFAULT_POLICIES})
+
+
+def get_policy(name: str) -> StoragePolicy:
+    """The built-in policy called ``name``; :class:`ValueError` naming the known ones if none."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None

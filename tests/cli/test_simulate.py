@@ -1,0 +1,102 @@
+"""``mouthguard simulate`` through its own parser: JSON shape, table, plot, bad input."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from mouthguard.cli import simulate
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mouthguard")
+    simulate.add_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def _run(*argv: str) -> tuple[int, str]:
+    args = _parser().parse_args(["simulate", *argv])
+    out = io.StringIO()
+    code = simulate.run(args, Console(file=out, width=200))
+    return code, out.getvalue()
+
+
+def test_json_has_the_promised_shape() -> None:
+    code, out = _run("--runs", "20", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert list(data["policies"]) == ["importance", "temperature", "flat"]
+    for figures in data["policies"].values():
+        for key in ("cost_usd", "lost_gpu_hours", "goodput"):
+            assert isinstance(figures[key], float)
+        assert 0 < figures["goodput"] < 1
+    assert data["scenario"]["gpus"] == 16_384 and data["scenario"]["checkpoint_bytes"] == 840e9
+    assert data["analytic"]["expected_lost_seconds_per_failure"] > 0
+    assert data["plot"] is None
+    # corruption and demotion cost money: temperature loses the most
+    policies = data["policies"]
+    assert policies["importance"]["cost_usd"] < policies["temperature"]["cost_usd"]
+
+
+def test_same_seed_same_answer_and_a_failure_list() -> None:
+    argv = ("--runs", "5", "--seed", "3", "--json", "--failure-times-hours", "10,30.5,31")
+    first, second = _run(*argv), _run(*argv)
+    assert first == second
+    flat = json.loads(first[1])["policies"]["flat"]
+    assert flat["failures"] == 3.0
+
+
+def test_table_by_default() -> None:
+    code, out = _run("--runs", "5", "--preset", "7b", "--gpus", "512", "--mode", "async")
+    assert code == 0
+    assert all(name in out for name in ("importance", "temperature", "flat", "goodput"))
+
+
+def test_plot_is_written_and_reported(tmp_path: Path) -> None:
+    png = tmp_path / "cost.png"
+    code, out = _run("--runs", "3", "--json", "--plot", str(png))
+    assert code == 0 and png.stat().st_size > 20_000
+    plot = json.loads(out)["plot"]
+    assert plot["path"] == str(png)
+    assert set(plot["optimal_interval_seconds"]) == {"importance", "temperature", "flat"}
+    assert len(plot["intervals_seconds"]) == simulate.SWEEP_POINTS
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--preset", "nonsense"),
+        ("--preset", "123B"),  # a bare parameter count names no GPU count
+        ("--mtbf-hours", "0.01", "--runs", "1"),  # cannot finish: refused, not a hang
+    ],
+)
+def test_bad_input_exits_2(argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = _run(*argv)
+    assert code == 2 and out == ""
+    assert "error:" in capsys.readouterr().err
+
+
+def test_unwritable_plot_exits_2(tmp_path: Path) -> None:
+    code, _ = _run("--runs", "1", "--plot", str(tmp_path / "missing" / "x.png"))
+    assert code == 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--runs", "0"),
+        ("--corruption-probability", "1.5"),
+        ("--failure-times-hours", "soon"),
+        ("--interval-seconds", "-5"),
+        ("--mtbf-hours", "10", "--failure-times-hours", "3"),
+    ],
+)
+def test_malformed_arguments_exit_2(argv: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _parser().parse_args(["simulate", *argv])
+    assert exc.value.code == 2
