@@ -17,8 +17,8 @@ demo: $(STAMP)
 	$(BIN)/mouthguard demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks reliability
+	$(BIN)/ruff format --check src tests benchmarks reliability
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
