@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
+from mouthguard.checkpoint.facts import CheckpointView, gather, tier_facts
 from mouthguard.checkpoint.quarantine import set_aside
 from mouthguard.checkpoint.reader import read_manifest, verify_copy
 from mouthguard.checkpoint.sidecars import (
@@ -106,8 +106,20 @@ class Replicator:
            an intact source (fast first) and read back before it counts.
         """
         report = report if report is not None else ReplicationReport()
+        try:
+            return self._replicate(run, step, report)
+        except MouthguardError as exc:
+            # A tier failing mid-way (listing, sidecars, legal holds): this checkpoint
+            # waits for the next pass; the pass goes on with the others.
+            report.shortfalls.append(Shortfall(run, step, f"replication interrupted: {exc}"))
+            return report
+
+    def _replicate(self, run: str, step: int, report: ReplicationReport) -> ReplicationReport:
         view = gather(self.store, run, step)
         if view is None:
+            key = catalog.manifest_key(run, step)
+            if any(tier.exists(key) for tier in self.store.tiers):  # not just deleted meanwhile
+                report.shortfalls.append(Shortfall(run, step, "no tier could read its manifest"))
             return report
         if any(c.trashed_at is not None for c in view.facts.copies):
             # Retention is removing it: copying it again would undo a purge on one
@@ -140,6 +152,7 @@ class Replicator:
         run, step = view.facts.run, view.facts.step
         receipts = {c.tier for c in view.facts.copies if c.verified}
         good: list[Tier] = []
+        suspects: list[tuple[CopyRef, str]] = []
         for tier in view.readable:
             if tier.name in receipts:
                 good.append(tier)
@@ -149,10 +162,7 @@ class Replicator:
                 verify_copy(tier, ref.prefix, read_manifest(tier, run, step))
             except MouthguardError as exc:
                 if is_data_damage(exc):
-                    set_aside(ref, str(exc))
-                    report.shortfalls.append(
-                        Shortfall(run, step, f"copy on {tier.name} damaged: {exc}")
-                    )
+                    suspects.append((ref, str(exc)))
                 else:
                     report.shortfalls.append(Shortfall(run, step, f"cannot verify {ref}: {exc}"))
                 continue
@@ -163,9 +173,17 @@ class Replicator:
                 clear_damage(ref)
             except MouthguardError as exc:
                 report.shortfalls.append(Shortfall(run, step, f"cannot record {ref}: {exc}"))
-        for tier, reason in view.damaged:
-            set_aside(CopyRef(tier, run, step), reason)
-            report.shortfalls.append(Shortfall(run, step, f"copy on {tier.name} damaged: {reason}"))
+        suspects += [(CopyRef(tier, run, step), reason) for tier, reason in view.damaged]
+        for ref, reason in suspects:
+            # Set aside only damage a second read confirms: one misread must never
+            # hide an intact copy, perhaps the only one.
+            if _damage_confirmed(ref):
+                set_aside(ref, reason)
+                report.shortfalls.append(
+                    Shortfall(run, step, f"copy on {ref.tier.name} damaged: {reason}")
+                )
+            else:
+                report.shortfalls.append(Shortfall(run, step, f"cannot read {ref}: {reason}"))
         return good
 
     def _sync_facts(
@@ -213,8 +231,10 @@ class Replicator:
             try:
                 return copy_checkpoint(src, dst, run, step, gate=self.gate)
             except SourceDamagedError as exc:
-                # Never propagate a damaged copy: set it aside, try the next source.
-                set_aside(CopyRef(src, run, step), str(exc))
+                # Never propagate a damaged copy: set it aside (once a second read
+                # confirms it), try the next source.
+                if _damage_confirmed(CopyRef(src, run, step)):
+                    set_aside(CopyRef(src, run, step), str(exc))
                 good.remove(src)
                 report.shortfalls.append(Shortfall(run, step, f"source damaged: {exc}"))
             except MouthguardError as exc:
@@ -252,12 +272,40 @@ class Replicator:
 
     def targets(self, runs: Iterable[str] | None = None) -> list[tuple[str, int]]:
         """The checkpoints a pass visits, in order: every run, newest step first."""
-        chosen = list(runs) if runs is not None else runs_of(self.store)
-        return [
-            (run, step)
-            for run in chosen
-            for step in sorted(steps_of(self.store, run), reverse=True)
-        ]
+        chosen = list(runs) if runs is not None else self._runs()
+        return [(run, step) for run in chosen for step in self._steps(run)]
+
+    def _runs(self) -> list[str]:
+        """Runs on any tier; a tier that cannot list is skipped (the next pass retries)."""
+        found: set[str] = set()
+        for tier in self.store.tiers:
+            try:
+                found.update(catalog.list_runs(tier))
+            except MouthguardError as exc:
+                log.warning("cannot list the runs on tier %s: %s", tier.name, exc)
+        return sorted(found)
+
+    def _steps(self, run: str) -> list[int]:
+        """Committed steps of ``run``, newest first, tolerant of a failing tier.
+
+        A step whose manifest cannot even be looked up is still visited:
+        :meth:`replicate` then reports what fails for that one checkpoint, and
+        one flaky checkpoint never hides the others from the pass.
+        """
+        found: set[int] = set()
+        for tier in self.store.tiers:
+            try:
+                dirs = catalog.step_dirs(tier, run)
+            except MouthguardError as exc:
+                log.warning("cannot list %s on tier %s: %s", run, tier.name, exc)
+                continue
+            for step in dirs:
+                try:
+                    if tier.exists(catalog.manifest_key(run, step)):
+                        found.add(step)
+                except MouthguardError:
+                    found.add(step)
+        return sorted(found, reverse=True)
 
     def run_once(
         self,
@@ -278,7 +326,12 @@ class Replicator:
                 while the pass runs); a new one by default.
         """
         report = report if report is not None else ReplicationReport()
-        for run, step in self.targets(runs):
+        try:
+            targets = self.targets(runs)
+        except MouthguardError as exc:
+            report.shortfalls.append(Shortfall("-", 0, f"cannot list checkpoints: {exc}"))
+            return report
+        for run, step in targets:
             if should_stop is not None and should_stop():
                 break
             self.replicate(run, step, report)
@@ -296,3 +349,18 @@ class Replicator:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+def _damage_confirmed(ref: CopyRef) -> bool:
+    """Whether a second, independent read of the whole copy also fails as damage.
+
+    A copy is set aside only on confirmed damage: one misread (a flipped bit in
+    transit, a flaky controller) must never make an intact copy -- perhaps the
+    only one -- invisible. Damage on the medium fails every read; a transient
+    fault does not.
+    """
+    try:
+        verify_copy(ref.tier, ref.prefix, read_manifest(ref.tier, ref.run, ref.step))
+    except MouthguardError as exc:
+        return is_data_damage(exc)
+    return False

@@ -61,6 +61,8 @@ class RetentionReport:
     decisions: list[RetentionDecision] = field(default_factory=list)
     actions: list[AppliedAction] = field(default_factory=list)
     dry_run: bool = False
+    #: Runs left alone this pass because a tier failed while reading their facts.
+    skipped: list[str] = field(default_factory=list)
 
     def count(self, kind: str) -> int:
         """How many actions of ``kind`` were (or would be, in a dry run) carried out."""
@@ -106,17 +108,27 @@ def apply_retention(
 ) -> RetentionReport:
     """Decide and (unless ``dry_run``) apply retention to every checkpoint of ``store``.
 
-    Never raises for a failing tier: failures are recorded per action.
+    Never raises for a failing tier: failures are recorded per action, and a run
+    whose facts cannot all be read is skipped whole (``report.skipped``).
     """
     policy = policy or store.policy
     now = time.time() if now is None else now
     views: list[CheckpointView] = []
-    for run in runs if runs is not None else runs_of(store):
-        for step in steps_of(store, run):
-            view = gather(store, run, step)
-            if view is not None:
-                views.append(view)
     report = RetentionReport(dry_run=dry_run)
+    try:
+        chosen = list(runs) if runs is not None else runs_of(store)
+    except MouthguardError as exc:
+        report.skipped.append(f"cannot list the runs: {exc}")
+        return report
+    for run in chosen:
+        try:
+            run_views = [v for step in steps_of(store, run) if (v := gather(store, run, step))]
+        except MouthguardError as exc:
+            # Deciding on part of a run could count the wrong checkpoints as the
+            # newest: the whole run waits for the next pass.
+            report.skipped.append(f"run {run}: {exc}")
+            continue
+        views.extend(run_views)
     report.decisions = decide_retention([v.facts for v in views], policy, now)
     decisions = {d.key: d for d in report.decisions}
     tiers = tier_facts(store)
