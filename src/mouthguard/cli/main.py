@@ -8,7 +8,8 @@ Subcommands beyond listing and verification live in :mod:`mouthguard.cli.ops`
 Exit codes: 0 success; 1 a checkpoint copy or one of its sidecars is invalid
 (``verify``), a copy is damaged (``scrub``), no intact source exists
 (``restore``), not protected (``replicate``), a placement is unsatisfiable
-(``doctor``), there is no such hold (``release``), or the demo did not reproduce
+(``doctor``), there is no such hold (``release``), an invariant broke under injected
+faults (``chaos``), or the demo did not reproduce
 the reference run; 2 usage errors (bad arguments, unknown store, tier, run or
 step). Bad data never produces a traceback: every :class:`MouthguardError`
 becomes a one-line message.
@@ -35,7 +36,7 @@ from mouthguard.checkpoint.info import CheckpointInfo
 from mouthguard.checkpoint.sidecars import CopyRef, check_sidecars
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.verification import CopyReport, CopyTarget, find_copies, verify_target
-from mouthguard.cli import doctor, lifecycle, ops, plan, simulate
+from mouthguard.cli import chaos, doctor, lifecycle, ops, plan, simulate
 from mouthguard.cli.render import human_bytes, human_time
 from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardError
 from mouthguard.jobs.burst import MAX_YIELD_SECONDS, BurstGate
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="train, crash, corrupt, resume: watch a run survive")
     plan.add_parser(sub)
     simulate.add_parser(sub)
+    chaos.add_parser(sub)
     return parser
 
 
@@ -121,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = open_store(args.store, create=False)
         handlers: dict[str, ops.Handler] = {"ls": _ls, "show": _show, "verify": _verify}
         handlers["scrub"] = _scrub
+        handlers["chaos"] = chaos.run
         handlers.update({**lifecycle.HANDLERS, **ops.HANDLERS, "doctor": doctor.run})
         handler = handlers[args.command]
         return handler(store, args, console)

@@ -1,0 +1,433 @@
+"""Chaos: save, load, replicate, retain and collect through faulty tiers; judge with clean ones.
+
+A chaos run drives one scratch run of a store for many rounds. Every tier is
+wrapped in a :class:`~mouthguard.tiers.faults.FaultyTier` (seeded, confined to
+``<run>/`` so nothing else on the store can be touched). Each round, through
+the faulty tiers:
+
+1. ``save`` the next step, then ``save_async`` the one after (importance drawn
+   at random; the state of a step is a pure function of the step);
+2. ``load()`` the newest valid checkpoint, and ``load(step)`` one acknowledged step;
+3. one replication pass, one retention pass (trash delay 0, so purges happen
+   within a few rounds) and garbage collection of partial saves.
+
+Then, through the *unwrapped* tiers, the invariants are checked:
+
+``accepted_corrupt``   every checkpoint a load accepted (faulty or clean tiers)
+                       holds exactly the state saved at its step;
+``lost_acknowledged``  every acknowledged save (returned without error) still
+                       loads from some tier, unless retention decided to delete
+                       it, or the storage acknowledged a torn or short write of
+                       it *while it was being saved* (then no copy was ever
+                       intact: counted apart as ``lost_to_storage``);
+``writes_outside``     no write outside ``<run>/`` was attempted;
+``crashes``            no operation raised anything but a ``MouthguardError``.
+
+A round *survives* when none of these happened in it; the injected faults of
+surviving rounds are the ``survived`` count. One function,
+:func:`run_chaos`, serves the ``mouthguard chaos`` command and
+``reliability/chaos.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import torch
+
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.checkpointer import Checkpointer
+from mouthguard.checkpoint.info import CheckpointInfo
+from mouthguard.checkpoint.store import Store
+from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
+from mouthguard.jobs.replicator import Replicator
+from mouthguard.jobs.retention import apply_retention
+from mouthguard.policy.config import PolicyConfig
+from mouthguard.policy.importance import Importance
+from mouthguard.tiers.base import Tier
+from mouthguard.tiers.faults import FaultPlan, FaultyTier, unwrap
+
+log = logging.getLogger(__name__)
+
+#: The mix ``mouthguard chaos`` and ``reliability/chaos.py`` inject: every kind, at
+#: rates per tier call (a round makes a few hundred) that let most passes finish.
+DEFAULT_FAULTS = (
+    "error=0.005,enospc=0.03,torn=0.01,short=0.01,flip=0.005,fsync=0.03,delay=0.02:0.0005"
+)
+
+#: Importance levels drawn for the saves, with their weights.
+_LEVELS = (
+    (Importance.ROUTINE, 0.65),
+    (Importance.TRANSIENT, 0.15),
+    (Importance.MILESTONE, 0.12),
+    (Importance.CRITICAL, 0.08),
+)
+_SILENT = ("torn", "short")
+_T = TypeVar("_T")
+
+
+def chaos_state(step: int) -> dict[str, object]:
+    """The state saved at ``step``: deterministic, a few KiB, of varying size and dtypes."""
+    gen = torch.Generator().manual_seed(step)
+    n = 64 + (step * 37) % 1500
+    return {
+        "model": {
+            "w": torch.randn(n, generator=gen),
+            "b": torch.arange(step % 17, dtype=torch.int64),
+            "h": torch.randn(3, step % 5 + 1, generator=gen).to(torch.float16),
+        },
+        "step": step,
+        "tag": f"step-{step}",
+    }
+
+
+def same_state(got: object, want: object) -> bool:
+    """Exact equality: same structure, same plain values, tensors with identical bytes."""
+    if isinstance(want, torch.Tensor):
+        return (
+            isinstance(got, torch.Tensor)
+            and got.dtype == want.dtype
+            and got.shape == want.shape
+            and torch.equal(got, want)
+        )
+    if isinstance(want, dict):
+        return (
+            isinstance(got, dict)
+            and got.keys() == want.keys()
+            and all(same_state(got[k], want[k]) for k in want)
+        )
+    if isinstance(want, list | tuple):
+        return (
+            type(got) is type(want)
+            and len(got) == len(want)
+            and all(same_state(a, b) for a, b in zip(got, want, strict=True))
+        )
+    return type(got) is type(want) and got == want
+
+
+def chaos_policy(policy: PolicyConfig) -> PolicyConfig:
+    """``policy`` with every trash delay 0, so retention's purges happen during the run."""
+    levels = {
+        imp: dataclasses.replace(lvl, trash_delay_seconds=0.0) for imp, lvl in policy.levels.items()
+    }
+    return dataclasses.replace(policy, trash_delay_seconds=0.0, levels=levels)
+
+
+def scratch_run_name(now: float | None = None) -> str:
+    """A fresh run name for a chaos run: ``chaos-YYYYmmdd-HHMMSS-<random>``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    return f"chaos-{stamp}-{random.randbytes(3).hex()}"  # noqa: S311 - a name, not a secret
+
+
+@dataclass
+class ChaosReport:
+    """What a chaos run injected and whether every invariant held.
+
+    The never-events are ``accepted_corrupt``, ``lost_acknowledged``,
+    ``writes_outside`` and ``crashes``; :attr:`ok` is True when all are zero.
+    """
+
+    run: str
+    plan: str
+    seed: int
+    rounds: int = 0
+    rounds_ok: int = 0
+    injected: Counter[str] = field(default_factory=Counter)
+    survived: int = 0
+    saves: int = 0
+    acknowledged: int = 0
+    save_errors: Counter[str] = field(default_factory=Counter)
+    failed_but_visible: int = 0
+    loads: int = 0
+    load_fallbacks: int = 0
+    load_errors: Counter[str] = field(default_factory=Counter)
+    pass_errors: Counter[str] = field(default_factory=Counter)
+    deleted_by_policy: int = 0
+    lost_to_storage: int = 0
+    listed_damaged: int = 0
+    accepted_corrupt: int = 0
+    lost_acknowledged: int = 0
+    writes_outside: int = 0
+    crashes: int = 0
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def cases(self) -> int:
+        """How many faults were injected in all."""
+        return sum(self.injected.values())
+
+    @property
+    def never_events(self) -> int:
+        """Invariant violations of every kind."""
+        return self.accepted_corrupt + self.lost_acknowledged + self.writes_outside + self.crashes
+
+    @property
+    def ok(self) -> bool:
+        """Every invariant held in every round."""
+        return self.never_events == 0
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict (``cases`` and ``ok`` included)."""
+        raw = dataclasses.asdict(self)
+        for name in ("injected", "save_errors", "load_errors", "pass_errors"):
+            raw[name] = dict(sorted(getattr(self, name).items()))
+        return {**raw, "cases": self.cases, "ok": self.ok}
+
+
+@dataclass
+class _Ledger:
+    """What the run knows about its own steps (the judge's memory)."""
+
+    acknowledged: dict[int, Importance] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)
+    born_corrupt: set[int] = field(default_factory=set)
+    purged: set[int] = field(default_factory=set)
+    lost: set[int] = field(default_factory=set)
+    corrupt_seen: set[tuple[str, int]] = field(default_factory=set)
+    failed_visible: set[int] = field(default_factory=set)
+    unloadable: set[int] = field(default_factory=set)
+
+
+class _Chaos:
+    """One chaos run's state; :func:`run_chaos` is its public face."""
+
+    def __init__(self, store: Store, run: str, plan: FaultPlan, seed: int) -> None:
+        self.run = catalog.validate_run(run)
+        self.plan = plan
+        self.rng = random.Random(seed)  # noqa: S311 - reproducible choices, not secrets
+        policy = chaos_policy(store.policy)
+        clean = [unwrap(t) for t in store.tiers]
+        self.faulty = [
+            FaultyTier(t, plan, seed=seed * 7919 + i, confine_to=f"{self.run}/")
+            for i, t in enumerate(clean)
+        ]
+        self.faulty_store = Store(self.faulty, source=store.source, policy=policy)
+        self.clean_store = Store(clean, source=store.source, policy=policy)
+        self.ckpt = Checkpointer(self.faulty_store, self.run, background=False)
+        self.judge = Checkpointer(self.clean_store, self.run, background=False)
+        self.ledger = _Ledger()
+        self.report = ChaosReport(run=self.run, plan=plan.spec(), seed=seed)
+        self._round_bad = False
+        self._round_lost: set[int] = set()
+
+    # --- bookkeeping ---------------------------------------------------------
+
+    def _injected(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for tier in self.faulty:
+            total.update(tier.injected)
+        return total
+
+    def _violation(self, what: str, message: str) -> None:
+        setattr(self.report, what, getattr(self.report, what) + 1)
+        self.report.failures.append(f"round {self.report.rounds + 1}: {message}")
+        log.error("chaos %s: %s", what, message)
+        self._round_bad = True
+
+    def _guard(self, what: str, action: Callable[[], _T], errors: Counter[str]) -> _T | None:
+        """Run one action: a MouthguardError is an expected outcome, anything else a crash."""
+        try:
+            return action()
+        except MouthguardError as exc:
+            errors[f"{what}: {type(exc).__name__}"] += 1
+            return None
+        except Exception as exc:  # noqa: BLE001 - a crash is what this harness looks for
+            self._violation("crashes", f"{what} crashed: {type(exc).__name__}: {exc}")
+            return None
+
+    def _silent_events_of(self, step: int, since: int) -> bool:
+        """Whether a torn or short write hit ``step`` on the fast tier after ``since``."""
+        fast = self.faulty[0]
+        marker = f"{self.run}/{catalog.step_dir(step)}"
+        return any(e.kind in _SILENT and e.key.startswith(marker) for e in fast.events[since:])
+
+    # --- one round -----------------------------------------------------------
+
+    def _save(self, step: int, *, asynchronous: bool) -> None:
+        level = self.rng.choices([lvl for lvl, _ in _LEVELS], [w for _, w in _LEVELS])[0]
+        state = chaos_state(step)
+        since = len(self.faulty[0].events)
+        self.report.saves += 1
+        what = "save_async" if asynchronous else "save"
+
+        def save() -> CheckpointInfo:
+            if asynchronous:
+                return self.ckpt.save_async(step, state, level).result()
+            return self.ckpt.save(step, state, level)
+
+        if self._guard(what, save, self.report.save_errors) is None:
+            self.ledger.failed.add(step)
+            return
+        self.report.acknowledged += 1
+        self.ledger.acknowledged[step] = level
+        if self._silent_events_of(step, since):
+            self.ledger.born_corrupt.add(step)
+
+    def _load(self, step: int | None) -> None:
+        self.report.loads += 1
+        loaded = self._guard(
+            "load" if step is None else "load(step)",
+            lambda: self.ckpt.load(step),
+            self.report.load_errors,
+        )
+        if loaded is None:
+            return
+        got_step = loaded.step
+        if loaded.rejected:
+            self.report.load_fallbacks += 1
+        if not same_state(loaded.state, chaos_state(got_step)):
+            self._violation(
+                "accepted_corrupt",
+                f"load({step}) through the faulty tiers returned wrong bytes for step {got_step}",
+            )
+
+    def _passes(self) -> None:
+        errors = self.report.pass_errors
+        replicator = Replicator(self.faulty_store, self.faulty_store.policy)
+        self._guard("replicate", lambda: replicator.run_once([self.run]), errors)
+        retention = self._guard(
+            "retention",
+            lambda: apply_retention(self.faulty_store, runs=[self.run]),
+            errors,
+        )
+        if retention is not None:
+            for applied in retention.actions:
+                if applied.action.action == "purge":
+                    self.ledger.purged.add(applied.step)
+        self._guard("gc", lambda: self.ckpt.collect_garbage(grace_seconds=0.0), errors)
+
+    def _check(self) -> None:
+        """The invariants, judged through the unwrapped tiers."""
+        loadable: set[int] = set()
+        for step in self.judge.steps():
+            try:
+                loaded = self.judge.load(step)
+            except MouthguardError:
+                self.ledger.unloadable.add(step)
+                self.report.listed_damaged = len(self.ledger.unloadable)
+                continue
+            if same_state(loaded.state, chaos_state(step)):
+                loadable.add(step)
+                if step in self.ledger.failed and step not in self.ledger.failed_visible:
+                    self.ledger.failed_visible.add(step)
+                    self.report.failed_but_visible += 1
+            elif (loaded.tier, step) not in self.ledger.corrupt_seen:
+                self.ledger.corrupt_seen.add((loaded.tier, step))
+                self._violation(
+                    "accepted_corrupt",
+                    f"step {step} on tier {loaded.tier} loads with wrong bytes",
+                )
+        for step, level in sorted(self.ledger.acknowledged.items()):
+            if step in loadable or step in self.ledger.lost:
+                continue
+            self.ledger.lost.add(step)
+            if step in self.ledger.purged:
+                self.report.deleted_by_policy += 1
+            elif step in self.ledger.born_corrupt:
+                self.report.lost_to_storage += 1
+            else:
+                where = self._whereabouts(step)
+                self._violation(
+                    "lost_acknowledged",
+                    f"acknowledged {level.value} step {step} no longer loads ({where})",
+                )
+        outside = sum(len(t.outside) for t in self.faulty)
+        if outside > self.report.writes_outside:
+            self._violation("writes_outside", f"{outside} writes outside {self.run}/ refused")
+            self.report.writes_outside = outside
+
+    def _whereabouts(self, step: int) -> str:
+        """Where a lost step's bytes went, for the failure message."""
+        found = []
+        for tier in self.clean_store.tiers:
+            names = [
+                d for d in tier.list_dirs(f"{self.run}/") if d.startswith(catalog.step_dir(step))
+            ]
+            found += [f"{tier.name}:{n}" for n in names]
+        return "directories: " + (", ".join(found) or "none")
+
+    def round(self) -> None:
+        """One round: two saves, two loads, the background jobs, then the judgement."""
+        before = self.report.cases
+        self._round_bad = False
+        number = self.report.rounds
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CheckpointFallbackWarning)
+            self._save(2 * number + 1, asynchronous=False)
+            self._save(2 * number + 2, asynchronous=True)
+            self._load(None)
+            alive = sorted(set(self.ledger.acknowledged) - self.ledger.lost)
+            if alive:
+                self._load(self.rng.choice(alive))
+            self._passes()
+            self.report.injected = self._injected()
+            self._check()
+        self.report.rounds += 1
+        if not self._round_bad:
+            self.report.rounds_ok += 1
+            self.report.survived += self.report.cases - before
+
+    def close(self) -> None:
+        self.ckpt.close()
+        self.judge.close()
+
+
+def run_chaos(
+    store: Store,
+    *,
+    rounds: int,
+    plan: FaultPlan | None = None,
+    seed: int = 0,
+    run: str | None = None,
+    max_seconds: float | None = None,
+    on_round: Callable[[ChaosReport], None] | None = None,
+) -> ChaosReport:
+    """Run up to ``rounds`` chaos rounds on a scratch run of ``store`` (see the module doc).
+
+    Args:
+        store: the store whose tiers are exercised (only ``<run>/`` is written).
+        rounds: the number of rounds (each saves two steps).
+        plan: the faults (default :data:`DEFAULT_FAULTS`).
+        seed: seeds the faults and the run's choices.
+        run: the scratch run's name (default: :func:`scratch_run_name`). It should
+            be new: the run's steps start at 1.
+        max_seconds: stop after the round in progress once this much time passed.
+        on_round: called with the report after every round (progress).
+
+    The scratch run is left on the store; :func:`remove_run` removes it.
+    """
+    plan = plan if plan is not None else FaultPlan.parse(DEFAULT_FAULTS)
+    chaos = _Chaos(store, run or scratch_run_name(), plan, seed)
+    started = time.monotonic()
+    try:
+        for _ in range(rounds):
+            chaos.round()
+            chaos.report.seconds = time.monotonic() - started
+            if on_round is not None:
+                on_round(chaos.report)
+            if max_seconds is not None and chaos.report.seconds >= max_seconds:
+                break
+    finally:
+        chaos.close()
+        chaos.report.seconds = time.monotonic() - started
+    return chaos.report
+
+
+def remove_run(store: Store, run: str) -> int:
+    """Delete every object of ``run`` (and the tiers' own debris) from every tier."""
+    prefix = f"{catalog.validate_run(run)}/"
+    removed = 0
+    for tier in store.tiers:
+        inner: Tier = unwrap(tier)
+        removed += inner.delete_prefix(prefix)
+        inner.collect_incomplete(prefix, 0.0)
+    return removed
