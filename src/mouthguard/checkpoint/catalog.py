@@ -15,15 +15,19 @@ directories are garbage once older than a grace period.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mouthguard.errors import InvalidKeyError
+from mouthguard.errors import InvalidKeyError, MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.keys import validate_segment
+
+log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"\d{12}")
 _PARTIAL_DIR = re.compile(r"(\d{12})\.partial-([0-9a-f]{8,64})")
@@ -91,6 +95,39 @@ def step_dirs(tier: Tier, run: str) -> list[int]:
 def committed_steps(tier: Tier, run: str) -> list[int]:
     """Steps whose manifest exists on ``tier``, ascending. Says nothing about validity."""
     return [s for s in step_dirs(tier, run) if tier.exists(manifest_key(run, s))]
+
+
+def committed_steps_on(tiers: Sequence[Tier], run: str) -> list[int]:
+    """Steps committed on any of ``tiers``, ascending, skipping a tier that fails.
+
+    A store whose object store is down must still resume from its fast tier: a
+    tier that cannot be listed is left out (with a warning) as long as one tier
+    answered; if none did, the first tier's error is raised.
+    """
+    found: set[int] = set()
+    failures: list[MouthguardError] = []
+    for tier in tiers:
+        try:
+            found.update(committed_steps(tier, run))
+        except MouthguardError as exc:
+            log.warning("cannot list %s on tier %s: %s", run, tier.name, exc)
+            failures.append(exc)
+    if failures and len(failures) == len(tiers):
+        raise failures[0]
+    return sorted(found)
+
+
+def tiers_holding(tiers: Sequence[Tier], run: str, step: int) -> list[Tier]:
+    """The tiers (in order) on which ``step`` is committed; a failing tier is skipped."""
+    key = manifest_key(run, step)
+    holding = []
+    for tier in tiers:
+        try:
+            if tier.exists(key):
+                holding.append(tier)
+        except MouthguardError as exc:
+            log.warning("cannot look up %s on tier %s: %s", key, tier.name, exc)
+    return holding
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from mouthguard.tiers.base import (
 from mouthguard.tiers.keys import validate_key, validate_prefix
 from mouthguard.tiers.memory import check_range, validate_dir_prefix
 from mouthguard.tiers.s3_control import OBSTORE_ERRORS, check_tags, connect
+from mouthguard.tiers.s3_create import create_with_retries
 from mouthguard.tiers.s3_probe import (
     CreateGuard,
     S3Probe,
@@ -71,7 +72,7 @@ from mouthguard.tiers.s3_probe import (
 )
 
 if TYPE_CHECKING:
-    from obstore import GetOptions, GetResult
+    from obstore import GetOptions, GetResult, PutResult
 
 __all__ = ["CreateGuard", "S3Probe", "S3Tier"]
 
@@ -154,6 +155,7 @@ class S3Tier(Tier):
         if min(retry_timeout, backoff_initial, backoff_max, connect_timeout, request_timeout) <= 0:
             raise ValueError("timeouts and backoff delays must be positive")
         self._part_size, self._max_concurrency = part_size, max_concurrency
+        self._retries, self._backoff = max_retries, (backoff_initial, backoff_max)
         self._control, self._store = connect(
             url,
             endpoint=endpoint,
@@ -238,25 +240,42 @@ class S3Tier(Tier):
             parts = stream.first_parts()  # the caller's errors surface here, before any I/O
             multipart = len(parts) > 1 and not single
             payload = parts[0] if len(parts) == 1 else stream.all_parts(parts)
-        try:
-            result = obstore.put(
-                self._store,
-                key,
-                payload,
-                mode="create" if create and not multipart else "overwrite",
-                tags=None if multipart else tag_dict,
-                use_multipart=multipart,
-                chunk_size=self._part_size,
-                max_concurrency=self._max_concurrency,
+
+        def send() -> PutResult:
+            try:
+                return obstore.put(
+                    self._store,
+                    key,
+                    payload,
+                    mode="create" if create and not multipart else "overwrite",
+                    tags=None if multipart else tag_dict,
+                    use_multipart=multipart,
+                    chunk_size=self._part_size,
+                    max_concurrency=self._max_concurrency,
+                )
+            except Exception as exc:
+                if stream is not None and stream.error is not None:
+                    raise stream.error from None  # the caller's own failure, unchanged
+                if isinstance(exc, OBSTORE_ERRORS):
+                    raise self._control.store_error("store", key, exc) from exc
+                raise
+
+        result: PutResult | None
+        if single and isinstance(payload, memoryview | bytearray):
+            # Not idempotent, so the client will not retry it: settle it here (None:
+            # an earlier attempt landed, its reply lost).
+            result = create_with_retries(
+                send,
+                lambda: self.get(key) if self.exists(key) else None,
+                memoryview(payload),
+                retries=self._retries,
+                backoff=self._backoff,
             )
-        except Exception as exc:
-            if stream is not None and stream.error is not None:
-                raise stream.error from None  # the caller's own failure, unchanged
-            if isinstance(exc, OBSTORE_ERRORS):
-                raise self._control.store_error("store", key, exc) from exc
-            raise
+        else:
+            result = send()
         # On a versioned bucket the latest version may already be another writer's.
-        version = result.get("version") if self.probe.versioning == "Enabled" else None
+        versioned = result is not None and self.probe.versioning == "Enabled"
+        version = result.get("version") if versioned and result is not None else None
         if create and self._guard is CreateGuard.OLDEST_VERSION:
             settle_versioned_create(self._control, key, version, bypass_governance=self._bypass)
         if multipart and tag_dict:
@@ -368,10 +387,9 @@ class S3Tier(Tier):
         """
         if not self.exists(key):  # S3's DELETE does not say whether anything was there
             return False
-        try:
-            obstore.delete(self._store, key)
-        except OBSTORE_ERRORS as exc:
-            raise self._control.store_error("delete", key, exc) from exc
+        # botocore's DeleteObject, retried on resets; obstore's bulk delete is not.
+        with self._control.errors("delete", key):
+            self._control.client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
         return True
 
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:

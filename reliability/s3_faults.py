@@ -1,0 +1,369 @@
+"""Object-store faults: saves, replication and loads through a fault-injecting proxy.
+
+A throwaway Ceph RGW (the one the S3 tests start, :mod:`tests.s3.ceph`) sits
+behind :class:`tests.s3.fault_proxy.FaultProxy`, which injects 500s, 503
+SlowDown, timeouts, connection resets and truncated bodies at a set rate. A
+store with a local fast tier and that S3 durable tier then runs rounds of:
+saves (to the fast tier), one replication pass, and a load of the newest
+checkpoint from S3 alone. In one round the object store is *down* (the proxy
+refuses connections): saves must go on at fast-tier speed, and replication
+must catch up once it is back.
+
+What is counted:
+
+* ``cases``: injected faults, plus one for the down/up episode.
+* ``survived``: faults the S3 tier absorbed (retried) without an error reaching
+  mouthguard; a fault that surfaced as a tier error (and needed a later
+  replication pass to heal) is not survived. The episode survives if saves went
+  on while down and every checkpoint was replicated after.
+* ``accepted_corrupt``: loads that returned a state other than the one saved.
+* ``lost_acknowledged``: saves that returned but whose checkpoint is not intact
+  at the end on the fast tier and (read without the proxy) on S3.
+* ``writes_outside``: entries in the run's scratch directory outside the fast tier.
+
+Run: ``python -m reliability.run --only s3_faults --level ci``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import torch
+from tests.s3.ceph import CephCluster, CephStartError, S3Endpoint, missing_binaries
+from tests.s3.fault_proxy import FaultProxy, FaultRates
+
+import mouthguard
+from mouthguard.checkpoint.reader import read_manifest
+from mouthguard.checkpoint.sidecars import CopyRef
+from mouthguard.checkpoint.store import Store
+from mouthguard.errors import MouthguardError, ObjectNotFoundError, TierError
+from mouthguard.format.manifest import MANIFEST_NAME
+from mouthguard.jobs.replicator import Replicator
+from mouthguard.tiers.base import Tier
+from mouthguard.tiers.local import LocalTier
+from mouthguard.tiers.s3 import S3Tier
+from reliability.record import HarnessResult, Level
+
+HARNESS = "s3-faults"
+COMMAND = "python -m reliability.run --only s3_faults --level {level}"
+RUN = "r"
+BUCKET = "mouthguard-s3-faults"
+#: Client timeouts through the proxy; a timeout fault holds a request longer.
+REQUEST_TIMEOUT = 1.0
+TIMEOUT_DELAY = 1.5
+MAX_CATCH_UP_PASSES = 10
+#: A save to the local fast tier while the object store is down must not wait on it.
+SAVE_WHILE_DOWN_LIMIT_S = 5.0
+# Tier methods whose errors count as surfaced faults (outermost call only).
+_WATCHED = (
+    "put",
+    "get",
+    "read_into",
+    "head",
+    "exists",
+    "list",
+    "list_dirs",
+    "delete",
+    "annotate",
+    "set_tags",
+    "get_tags",
+    "set_legal_hold",
+    "legal_hold",
+)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    rounds: int
+    saves_per_round: int
+    rate: float
+    down_round: int
+    seed: int
+
+
+_PLANS: dict[str, _Plan] = {
+    "ci": _Plan(rounds=4, saves_per_round=2, rate=0.08, down_round=2, seed=1),
+    "soak": _Plan(rounds=30, saves_per_round=3, rate=0.1, down_round=10, seed=2),
+}
+
+
+class _Surfaced:
+    """Counts tier errors that escape the S3 tier (while the store is up)."""
+
+    def __init__(self, proxy: FaultProxy) -> None:
+        self.proxy = proxy
+        self.count = 0
+        self.samples: Counter[str] = Counter()
+        self._depth = threading.local()
+        self._lock = threading.Lock()
+
+    def watch(self, tier: S3Tier) -> None:
+        for name in _WATCHED:
+            setattr(tier, name, self._wrap(getattr(tier, name), name))
+
+    def _wrap(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        @wraps(method)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(self._depth, "n", 0)
+            self._depth.n = depth + 1
+            try:
+                return method(*args, **kwargs)
+            except TierError as exc:
+                counted = depth == 0 and not isinstance(exc, ObjectNotFoundError)
+                if counted and not self.proxy.is_down:
+                    with self._lock:
+                        self.count += 1
+                        self.samples[f"{name}: {type(exc).__name__}: {_gist(exc)}"] += 1
+                raise
+            finally:
+                self._depth.n = depth
+
+        return watched
+
+
+def _gist(exc: Exception) -> str:
+    text = str(exc)
+    for marker in ("error sending request", "already exists", "response body", "timed out"):
+        if marker in text:
+            return marker
+    return text.rsplit(": ", maxsplit=1)[-1][:60]
+
+
+def _state(step: int) -> dict[str, object]:
+    generator = torch.Generator().manual_seed(step)
+    return {"w": torch.randn(64, 1024, generator=generator), "b": torch.arange(5.0), "step": step}
+
+
+def _digest(state: object) -> str:
+    """A digest of a loaded or saved state (tensor bytes, dtypes, shapes, plain values)."""
+    hasher = hashlib.sha256()
+
+    def feed(value: object) -> None:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            hasher.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+            hasher.update(tensor.view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            for key in sorted(value):
+                hasher.update(f"K{key}".encode())
+                feed(value[key])
+        else:
+            hasher.update(repr(value).encode())
+
+    feed(state)
+    return hasher.hexdigest()
+
+
+def _s3_tier(endpoint: S3Endpoint, via: str, name: str = "s3") -> S3Tier:
+    return S3Tier(
+        f"s3://{BUCKET}/store",
+        name=name,
+        domain="region-a",
+        endpoint=via,
+        region=endpoint.region,
+        access_key_id=endpoint.access_key,
+        secret_access_key=endpoint.secret_key,
+        backoff_initial=0.01,
+        backoff_max=0.1,
+        connect_timeout=REQUEST_TIMEOUT,
+        request_timeout=REQUEST_TIMEOUT,
+        retry_timeout=10.0,
+    )
+
+
+def _create_bucket(endpoint: S3Endpoint) -> None:
+    import boto3  # noqa: PLC0415 - only this harness needs boto3 directly
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint.endpoint,
+        aws_access_key_id=endpoint.access_key,
+        aws_secret_access_key=endpoint.secret_key,
+        region_name=endpoint.region,
+    )
+    client.create_bucket(Bucket=BUCKET)
+
+
+def _file_keys(tier: Tier, step: int) -> list[str]:
+    prefix = CopyRef(tier, RUN, step).prefix
+    manifest = read_manifest(tier, RUN, step)
+    return [prefix + name for name in [*(f.name for f in manifest.files), MANIFEST_NAME]]
+
+
+def _intact_on_s3(fast: Tier, clean: S3Tier, step: int) -> bool:
+    try:
+        return all(clean.get(key) == fast.get(key) for key in _file_keys(fast, step))
+    except MouthguardError:
+        return False
+
+
+def run(level: Level) -> HarnessResult:
+    """Run the harness at ``level`` (``ci``: ~15 s; ``soak``: minutes)."""
+    started = time.monotonic()
+    command = COMMAND.format(level=level)
+    if missing := missing_binaries():
+        return HarnessResult(
+            HARNESS,
+            what=f"not run: Ceph RGW is not installed (missing {', '.join(missing)}); "
+            "install it with `make system-deps`",
+            command=command,
+            details={"skipped": True},
+        )
+    plan = _PLANS[level]
+    try:
+        with CephCluster() as endpoint, tempfile.TemporaryDirectory() as scratch:
+            _create_bucket(endpoint)
+            result = _exercise(plan, endpoint, Path(scratch))
+    except CephStartError as exc:
+        return HarnessResult(
+            HARNESS,
+            what=f"not run: the Ceph RGW did not start: {str(exc).splitlines()[0]}",
+            command=command,
+            details={"skipped": True},
+        )
+    result.command = command
+    result.seconds = round(time.monotonic() - started, 2)
+    return result
+
+
+def _exercise(plan: _Plan, endpoint: S3Endpoint, scratch: Path) -> HarnessResult:
+    rates = FaultRates.uniform(plan.rate)
+    details: dict[str, Any] = {"rate": plan.rate, "seed": plan.seed, "rounds": plan.rounds}
+    with FaultProxy(endpoint.endpoint, seed=plan.seed, timeout_delay=TIMEOUT_DELAY) as proxy:
+        # Tiers open (and probe the bucket) before the faults start.
+        s3 = _s3_tier(endpoint, proxy.endpoint)
+        reader_tier = _s3_tier(endpoint, proxy.endpoint)
+        clean = _s3_tier(endpoint, endpoint.endpoint, name="clean")
+        surfaced = _Surfaced(proxy)
+        surfaced.watch(s3)
+        surfaced.watch(reader_tier)
+        store = Store([LocalTier(scratch / "fast", name="fast", domain="node-a"), s3])
+        reader = mouthguard.Checkpointer(Store([reader_tier]), run=RUN, background=False)
+        ckpt = mouthguard.Checkpointer(store, run=RUN, background=False)
+        acknowledged: dict[int, str] = {}
+        accepted_corrupt = load_failures = pass_errors = shortfalls = 0
+        slowest_save_while_down = 0.0
+        episode_ok = True
+        proxy.set_rates(rates)
+        step = 0
+        for round_no in range(plan.rounds):
+            down = round_no == plan.down_round
+            if down:
+                proxy.down()
+            for _ in range(plan.saves_per_round):
+                step += 1
+                state = _state(step)
+                began = time.monotonic()
+                try:
+                    ckpt.save(step, state, importance="routine")
+                except MouthguardError:
+                    episode_ok = episode_ok and not down
+                    continue
+                if down:
+                    slowest_save_while_down = max(slowest_save_while_down, time.monotonic() - began)
+                acknowledged[step] = _digest(state)
+            try:
+                report = Replicator(store, store.policy).run_once()
+                shortfalls += len(report.shortfalls)
+            except MouthguardError:
+                pass_errors += 1
+            if down:
+                proxy.up()
+                continue
+            newest = max(acknowledged, default=None)
+            if newest is not None and reader.exists(newest):
+                try:
+                    loaded = reader.load(newest)
+                except MouthguardError:
+                    load_failures += 1
+                else:
+                    if _digest(loaded.state) != acknowledged[newest]:
+                        accepted_corrupt += 1
+        # Catch up (faults still on), then judge with the faults off and no proxy at all.
+        passes = 0
+        for passes in range(1, MAX_CATCH_UP_PASSES + 1):  # noqa: B007 - reported below
+            try:
+                report = Replicator(store, store.policy).run_once()
+            except MouthguardError:
+                pass_errors += 1
+                continue
+            if report.protected == len(acknowledged) and not report.shortfalls:
+                break
+        proxy.set_rates(FaultRates())
+        counts, phases, injected = proxy.counts, proxy.phase_counts, proxy.total_injected
+        requests = proxy.requests
+    lost = replicated = 0
+    fast_reader = mouthguard.Checkpointer(Store([store.fast]), run=RUN, background=False)
+    clean_reader = mouthguard.Checkpointer(Store([clean]), run=RUN, background=False)
+    for saved, digest in acknowledged.items():
+        on_s3 = _intact_on_s3(store.fast, clean, saved)
+        replicated += on_s3
+        intact = 0
+        for source in [fast_reader] + ([clean_reader] if on_s3 else []):
+            try:
+                loaded = source.load(saved)
+            except MouthguardError:
+                continue
+            if _digest(loaded.state) != digest:
+                accepted_corrupt += 1
+            else:
+                intact += 1
+        lost += intact == 0
+    episode_ok = (
+        episode_ok
+        and slowest_save_while_down < SAVE_WHILE_DOWN_LIMIT_S
+        and replicated == len(acknowledged)
+    )
+    writes_outside = len([p for p in scratch.iterdir() if p.name != "fast"])
+    cases = injected + 1
+    survived = max(0, injected - surfaced.count) + int(episode_ok)
+    details.update(
+        {
+            "faults_by_kind": counts,
+            "faults_by_phase": phases,
+            "requests": requests,
+            "saves_acknowledged": len(acknowledged),
+            "replicated_byte_exact": replicated,
+            "surfaced_tier_errors": surfaced.count,
+            "surfaced_samples": dict(surfaced.samples.most_common(8)),
+            "replication_shortfalls": shortfalls,
+            "replication_passes_raised": pass_errors,
+            "catch_up_passes": passes,
+            "load_failures": load_failures,
+            "down_episode_ok": episode_ok,
+            "slowest_save_while_down_s": round(slowest_save_while_down, 3),
+        }
+    )
+    return HarnessResult(
+        HARNESS,
+        what=(
+            f"{plan.rounds} rounds of saves, replication to S3 and loads from S3 through a "
+            f"proxy injecting 500/503 SlowDown/timeouts/resets/truncated bodies at "
+            f"{plan.rate:.0%} of requests, plus one object-store-down episode"
+        ),
+        cases=cases,
+        survived=survived,
+        accepted_corrupt=accepted_corrupt,
+        lost_acknowledged=lost,
+        writes_outside=writes_outside,
+        details=details,
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover - a convenience for running it alone
+    import json
+    import sys
+
+    outcome = run("soak" if "--soak" in sys.argv else "ci")
+    with contextlib.suppress(BrokenPipeError):
+        print(json.dumps(outcome.to_json(), indent=2, sort_keys=True))
