@@ -16,16 +16,29 @@ Configuration form::
     region = "us-east-1"                 # optional
     domain = "region-a"
 
+    [[tiers]]
+    name = "remote"
+    kind = "s3"
+    url = "s3://bucket/encrypted"
+    encryption_key_env = "MOUTHGUARD_S3_KEY"   # optional, any kind: client-side AES-256-GCM
+
     [policy]                 # optional: overrides of the importance policy
     trash_delay_seconds = 86400
     [policy.routine]
     keep_last = 5
 
 The first tier listed is the fast tier: saves land there first.
+
+``encryption_key_env`` names an environment variable holding the tier's
+encryption keys (``[ID=]KEY[,...]``, 32-byte keys in hex or base64, the first one
+encrypting; :mod:`mouthguard.tiers.key_material`): the tier is then wrapped in an
+:class:`~mouthguard.tiers.encrypted.EncryptedTier`. The key itself never appears
+in the configuration file.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +48,13 @@ from mouthguard.policy.config import PolicyConfig
 from mouthguard.tiers.keys import validate_segment
 
 TIER_KINDS = ("memory", "local", "s3")
+_COMMON_KEYS = {"name", "kind", "domain", "encryption_key_env"}
 _TIER_KEYS = {
-    "memory": {"name", "kind", "domain"},
-    "local": {"name", "kind", "domain", "path"},
-    "s3": {"name", "kind", "domain", "url", "endpoint", "region"},
+    "memory": _COMMON_KEYS,
+    "local": _COMMON_KEYS | {"path"},
+    "s3": _COMMON_KEYS | {"url", "endpoint", "region"},
 }
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,8 @@ class TierConfig:
     url: str | None = None
     endpoint: str | None = None
     region: str | None = None
+    #: The environment variable with the tier's encryption keys (None: not encrypted).
+    encryption_key_env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +164,11 @@ def _tier(raw: object, index: int, base: Path) -> TierConfig:
     for key, value in strings.items():
         if value is not None and (not isinstance(value, str) or not value):
             raise ConfigError(f"{where} ({name}): '{key}' must be a non-empty string")
+    key_env = raw.get("encryption_key_env")
+    if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
+        raise ConfigError(
+            f"{where} ({name}): 'encryption_key_env' must name an environment variable"
+        )
     url = strings["url"]
     if kind == "s3" and (not isinstance(url, str) or not url.startswith("s3://")):
         raise ConfigError(f'{where} ({name}): an s3 tier needs url = "s3://bucket/prefix"')
@@ -158,4 +180,5 @@ def _tier(raw: object, index: int, base: Path) -> TierConfig:
         url=url if isinstance(url, str) else None,
         endpoint=strings["endpoint"] if isinstance(strings["endpoint"], str) else None,
         region=strings["region"] if isinstance(strings["region"], str) else None,
+        encryption_key_env=key_env,
     )

@@ -45,6 +45,14 @@ class UnsupportedOperationError(TierError):
     """The tier does not have the capability the operation needs."""
 
 
+class EncryptionKeyError(TierError):
+    """An encrypted object was written with a key this reader does not have.
+
+    Not proof of damage (the configuration may simply lack the key), so it never
+    triggers a repair; a load still falls back past the copy.
+    """
+
+
 # --- format ----------------------------------------------------------------
 
 
@@ -62,6 +70,20 @@ class RankFileError(FormatError):
 
 class ChecksumMismatchError(FormatError):
     """Bytes read back do not match the checksum recorded at save time."""
+
+
+class AuthenticationError(ChecksumMismatchError):
+    """Encrypted bytes fail authentication (AES-GCM tag): tampered, swapped or damaged."""
+
+
+class SignatureError(ManifestError):
+    """A manifest's HMAC signature is missing, wrong, or made with an unknown key.
+
+    Raised only to readers that have a manifest key configured. It is not counted
+    as data damage (:func:`is_data_damage`): a reader with the wrong key sees every
+    manifest this way, and a repair by a process without the key could not tell a
+    forged copy from a good one anyway.
+    """
 
 
 class UnsupportedStateError(MouthguardError):
@@ -118,7 +140,9 @@ def is_data_damage(exc: BaseException) -> bool:
     and the copy must be repaired. Other tier errors (I/O errors, timeouts, a
     dead object store) may be transient and never justify touching a copy.
     """
-    return isinstance(exc, FormatError | ObjectNotFoundError)
+    return isinstance(exc, FormatError | ObjectNotFoundError) and not isinstance(
+        exc, SignatureError
+    )
 
 
 class CheckpointFallbackWarning(UserWarning):

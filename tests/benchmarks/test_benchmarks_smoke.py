@@ -34,6 +34,8 @@ ROWS = [
     "mouthguard load (verified)",
     "mouthguard load(into=...) (verified)",
     "mouthguard save with_sha256=True",
+    "AES-GCM encrypted save (EncryptedTier over local)",
+    "AES-GCM encrypted load (EncryptedTier over local)",
     "mouthguard save_async — stall (until it returns)",
     "mouthguard save_async — total (until result())",
 ]

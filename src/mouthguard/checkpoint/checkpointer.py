@@ -38,6 +38,7 @@ from mouthguard.errors import (
 )
 from mouthguard.format import typed_json
 from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
 from mouthguard.format.state_tree import flatten_state
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
@@ -76,6 +77,11 @@ class Checkpointer:
         store: a :class:`Store`, or a path accepted by :func:`open_store`.
         run: the run's name (a safe path segment).
         with_sha256: also record sha256 of every file (tamper evidence, slower).
+        signing_key: manifest signing keys (``[ID=]KEY[,...]``, raw key bytes or a
+            ``Keyring``; see :mod:`mouthguard.format.signing`). Default: the
+            store's, else ``$MOUTHGUARD_MANIFEST_KEY``, else none. With a key,
+            saves record sha256 and sign the manifest, and ``load`` accepts only
+            validly signed checkpoints, checking every file's sha256.
         background: replicate in a background thread of this process (default:
             whenever the store has more than one tier, on the coordinator rank).
             Off, replication is left to ``mouthguard agent`` or ``Replicator`` passes.
@@ -91,12 +97,19 @@ class Checkpointer:
         run: str,
         *,
         with_sha256: bool = False,
+        signing_key: KeySpec | None = None,
         background: bool | None = None,
         group: Any = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
-        self.with_sha256 = with_sha256
+        self.manifest_keys = (
+            manifest_keys(signing_key)
+            if signing_key is not None
+            else self.store.manifest_keys or keys_from_env()
+        )
+        # A signature vouches for the files only through their sha256.
+        self.with_sha256 = with_sha256 or self.manifest_keys is not None
         self.ranks = detect_ranks(group)
         # Replication runs in-process by default wherever there is a second tier;
         # one replicator per job is enough, so only on the coordinator.
@@ -142,7 +155,14 @@ class Checkpointer:
         started = time.perf_counter()
         try:
             flat = flatten_state(state)
-            request = SaveRequest(self.run, step, level, flat.skeleton, _reference_json(reference))
+            request = SaveRequest(
+                self.run,
+                step,
+                level,
+                flat.skeleton,
+                _reference_json(reference),
+                signing=self.manifest_keys,
+            )
         except Exception as exc:
             self._fail_with_peers(step, level, exc)
             raise
@@ -193,7 +213,14 @@ class Checkpointer:
         waited = self._saver.wait_previous()
         try:
             flat = flatten_state(state)
-            request = SaveRequest(self.run, step, level, flat.skeleton, _reference_json(reference))
+            request = SaveRequest(
+                self.run,
+                step,
+                level,
+                flat.skeleton,
+                _reference_json(reference),
+                signing=self.manifest_keys,
+            )
             layout = layout_for(flat, self._file_metadata(step))
             image = self._saver.staging.reserve(layout.size, pinned=needs_pinned(flat))
             snapshot(flat, layout, image)
@@ -333,11 +360,12 @@ class Checkpointer:
         return bool(self._tiers_holding(step))
 
     def steps(self) -> list[int]:
-        """Committed steps on any tier (manifest present), ascending; validity unchecked."""
-        found: set[int] = set()
-        for tier in self.store.tiers:
-            found.update(catalog.committed_steps(tier, self.run))
-        return sorted(found)
+        """Committed steps on any tier (manifest present), ascending; validity unchecked.
+
+        A tier that cannot be listed (an object store that is down) is skipped
+        with a warning while another tier answers.
+        """
+        return catalog.committed_steps_on(self.store.tiers, self.run)
 
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints with a readable manifest, ascending by step.
@@ -467,7 +495,7 @@ class Checkpointer:
         """
         if step is not None:
             catalog.step_dir(step)
-        loader = Loader(self.store, self.run, self.ranks)
+        loader = Loader(self.store, self.run, self.ranks, self.manifest_keys)
         # Every rank walks the coordinator's list, so all try the same steps in order.
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         listed = self.ranks.broadcast(list(candidates))
@@ -483,8 +511,7 @@ class Checkpointer:
                 service.notify_commit(self.run, damaged)  # type: ignore[union-attr]
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
-        key = catalog.manifest_key(self.run, step)
-        return [t for t in self.store.tiers if t.exists(key)]
+        return catalog.tiers_holding(self.store.tiers, self.run, step)
 
     # --- housekeeping ----------------------------------------------------------
 

@@ -51,6 +51,7 @@ from mouthguard.format.manifest import FileRecord, Manifest, TensorRecord
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance
 from mouthguard.tiers.base import Tier
+from mouthguard.tiers.key_material import Keyring
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class SaveRequest:
     importance: Importance
     skeleton: JsonValue
     reference: JsonValue = None
+    #: Manifest signing keys (the coordinator signs the manifest with the current one).
+    signing: Keyring | None = None
 
 
 def save_copy(
@@ -223,7 +226,7 @@ def _commit(  # noqa: PLR0917 - private; one call site, all arguments distinct
             framework=framework_versions(),
             reference=request.reference,
         )
-        raw = manifest.to_bytes()
+        raw = manifest.to_bytes(request.signing)
         Manifest.from_bytes(raw)  # peers' records are validated before they are committed
         commit_bytes(tier, staging, final, raw)
     except (ObjectExistsError, CheckpointExistsError):

@@ -37,6 +37,7 @@ from mouthguard.errors import (
 )
 from mouthguard.format.manifest import Manifest
 from mouthguard.tiers.base import Tier
+from mouthguard.tiers.key_material import Keyring
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class Loader:
     store: Store
     run: str
     ranks: RankGroup
+    #: Manifest keys: when set, only validly signed manifests are loaded.
+    keys: Keyring | None = None
 
     def first_valid(
         self,
@@ -109,7 +112,7 @@ class Loader:
         prefix = catalog.checkpoint_prefix(self.run, step)
         for tier in self._tiers_holding(step):
             try:
-                manifest = read_manifest(tier, self.run, step)
+                manifest = read_manifest(tier, self.run, step, self.keys)
                 if not self._loadable(manifest, fallback=fallback):
                     return None
                 state = load_copy(tier, prefix, manifest, rank=self.ranks.rank, into=into)
@@ -165,8 +168,7 @@ class Loader:
             _report_damage(ref, str(exc))
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
-        key = catalog.manifest_key(self.run, step)
-        return [t for t in self.store.tiers if t.exists(key)]
+        return catalog.tiers_holding(self.store.tiers, self.run, step)
 
 
 def _report_damage(ref: CopyRef, reason: str) -> None:

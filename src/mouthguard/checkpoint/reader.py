@@ -44,18 +44,23 @@ from mouthguard.format.state_tree import (
     unflatten_state,
 )
 from mouthguard.tiers.base import Tier
+from mouthguard.tiers.key_material import Keyring
 
 READ_CHUNK_BYTES = 16 * 1024 * 1024
 
 
-def read_manifest(tier: Tier, run: str, step: int) -> Manifest:
+def read_manifest(tier: Tier, run: str, step: int, keys: Keyring | None = None) -> Manifest:
     """Read and validate the manifest of ``run``/``step`` on ``tier``.
+
+    With ``keys`` (manifest signing keys) the manifest must carry a valid signature
+    and the sha256 of every file, which the verified reads below then check.
 
     Raises:
         ObjectNotFoundError: the checkpoint is not committed on this tier.
+        SignatureError: ``keys`` given and the signature is missing or wrong.
         ManifestError: the manifest is corrupt, hostile, or names another run/step.
     """
-    manifest = parse_manifest(tier.get(manifest_key(run, step)))
+    manifest = parse_manifest(tier.get(manifest_key(run, step)), keys)
     if manifest.run != run or manifest.step != step:
         raise ManifestError(
             f"manifest in {run}/{step} describes {manifest.run}/{manifest.step} (moved or forged)"

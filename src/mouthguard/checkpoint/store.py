@@ -8,8 +8,10 @@ from pathlib import Path
 
 from mouthguard.config import StoreConfig, TierConfig, default_config, load_config
 from mouthguard.errors import ConfigError
+from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.tiers.base import Tier
+from mouthguard.tiers.key_material import Keyring
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
 
@@ -21,10 +23,18 @@ class Store:
         tiers: the tiers, fast first. Names must be unique.
         source: where the configuration came from (a directory or a toml path).
         policy: the importance policy (``[policy]`` of the configuration).
+        manifest_keys: manifest signing keys for the store's checkpointers
+            (:mod:`mouthguard.format.signing`); None: each ``Checkpointer`` looks
+            at ``$MOUTHGUARD_MANIFEST_KEY`` itself.
     """
 
     def __init__(
-        self, tiers: Sequence[Tier], *, source: str = "", policy: PolicyConfig | None = None
+        self,
+        tiers: Sequence[Tier],
+        *,
+        source: str = "",
+        policy: PolicyConfig | None = None,
+        manifest_keys: Keyring | None = None,
     ) -> None:
         if not tiers:
             raise ConfigError("a store needs at least one tier")
@@ -34,6 +44,7 @@ class Store:
         self.tiers: tuple[Tier, ...] = tuple(tiers)
         self.source = source
         self.policy = policy or PolicyConfig()
+        self.manifest_keys = manifest_keys
 
     @property
     def fast(self) -> Tier:
@@ -52,6 +63,15 @@ class Store:
 
 
 def _build_tier(config: TierConfig) -> Tier:
+    tier = _open_tier(config)
+    if config.encryption_key_env is None:
+        return tier
+    from mouthguard.tiers.encrypted import encrypted_from_env  # noqa: PLC0415 - cryptography when used
+
+    return encrypted_from_env(tier, config.encryption_key_env)
+
+
+def _open_tier(config: TierConfig) -> Tier:
     if config.kind == "memory":
         return MemoryTier(name=config.name, domain=config.domain)
     if config.kind == "s3":
@@ -69,29 +89,34 @@ def _build_tier(config: TierConfig) -> Tier:
     return LocalTier(config.path, name=config.name, domain=config.domain)
 
 
-def store_from_config(config: StoreConfig) -> Store:
+def store_from_config(config: StoreConfig, manifest_keys: Keyring | None = None) -> Store:
     """Open every tier of ``config``."""
     tiers = [_build_tier(t) for t in config.tiers]
-    return Store(tiers, source=config.source, policy=config.policy)
+    return Store(tiers, source=config.source, policy=config.policy, manifest_keys=manifest_keys)
 
 
-def open_store(path: str | os.PathLike[str], *, create: bool = True) -> Store:
+def open_store(
+    path: str | os.PathLike[str], *, create: bool = True, signing_key: KeySpec | None = None
+) -> Store:
     """Open a store from a directory (the embedded default) or a ``mouthguard.toml`` file.
 
     Args:
         path: a directory, created if missing when ``create``; or a ``.toml`` file.
         create: create the embedded default directory if it does not exist.
+        signing_key: manifest signing keys (:mod:`mouthguard.format.signing`);
+            default ``$MOUTHGUARD_MANIFEST_KEY`` if set.
 
     Raises:
         ConfigError: the path is neither a usable directory nor a valid configuration.
     """
     target = Path(path).expanduser()
+    keys = manifest_keys(signing_key) if signing_key is not None else keys_from_env()
     if target.suffix == ".toml" or target.is_file():
-        return store_from_config(load_config(target))
+        return store_from_config(load_config(target), keys)
     if not target.exists():
         if not create:
             raise ConfigError(f"no store at {target}")
         target.mkdir(parents=True, exist_ok=True)
     elif not target.is_dir():
         raise ConfigError(f"{target} is neither a directory nor a mouthguard.toml file")
-    return store_from_config(default_config(target.resolve()))
+    return store_from_config(default_config(target.resolve()), keys)

@@ -39,6 +39,7 @@ from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, Tens
 from mouthguard.format.rank_file import RankFileLayout, build_layout, byte_view
 from mouthguard.format.state_tree import FlatState
 from mouthguard.tiers.base import PutMode, StableChunks, Tier
+from mouthguard.tiers.key_material import Keyring
 
 #: Slices small enough that a slice just checksummed is still in cache when written.
 WRITE_CHUNK_BYTES = 8 * 1024 * 1024
@@ -153,13 +154,15 @@ def file_records(
     return record, tensors
 
 
-def commit(tier: Tier, staging: str, final: str, manifest: Manifest) -> None:
-    """Write the manifest (last) and make the checkpoint visible atomically.
+def commit(
+    tier: Tier, staging: str, final: str, manifest: Manifest, keys: Keyring | None = None
+) -> None:
+    """Write the manifest (last, signed with ``keys`` if given); make the checkpoint visible.
 
     Raises:
         CheckpointExistsError: a committed checkpoint already holds ``final``.
     """
-    commit_bytes(tier, staging, final, manifest.to_bytes())
+    commit_bytes(tier, staging, final, manifest.to_bytes(keys))
 
 
 def commit_bytes(tier: Tier, staging: str, final: str, manifest_bytes: bytes) -> None:

@@ -20,6 +20,10 @@ carries DCP's own metadata as explicit JSON in the optional ``dcp`` member. The
 member is written only when present, so every other manifest (and its checksum)
 is byte-for-byte what it was before the member existed. Here it is only checked
 to be a JSON object; ``mouthguard.dcp`` validates its content.
+
+With a manifest key (:mod:`mouthguard.format.signing`, which states the threat
+model) the manifest also carries an HMAC signature before its checksum; parsed
+with a key, an unsigned or wrongly signed manifest raises ``SignatureError``.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mouthguard.errors import FormatError, InvalidKeyError, ManifestError
+from mouthguard.errors import FormatError, InvalidKeyError, ManifestError, SignatureError
 from mouthguard.format.checksum import SHA256, XXH3_128, validate_digest
 from mouthguard.format.dtypes import itemsize, validate_shape
 from mouthguard.format.rank_file import HEADER_ALIGN
 from mouthguard.format.sealed import SealError, seal, unseal
+from mouthguard.format.signing import SignFunction, verify
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
+from mouthguard.tiers.key_material import Keyring
 from mouthguard.tiers.keys import validate_segment
 
 FORMAT_NAME = "mouthguard.checkpoint"
@@ -119,8 +125,8 @@ class Manifest:
         """Tensors stored in ``file_name``, sorted by offset."""
         return sorted((t for t in self.tensors if t.file == file_name), key=lambda t: t.offset)
 
-    def to_bytes(self) -> bytes:
-        """Serialise, appending the checksum of the serialised body."""
+    def to_bytes(self, keys: Keyring | None = None) -> bytes:
+        """Serialise, appending the checksum of the serialised body (signed with ``keys``)."""
         body: dict[str, JsonValue] = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -148,7 +154,7 @@ class Manifest:
         if self.dcp is not None:
             # Only when present: manifests without it keep their exact bytes and checksum.
             body["dcp"] = self.dcp
-        return seal(body)
+        return seal(body, None if keys is None else SignFunction(keys))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Manifest:
@@ -173,11 +179,15 @@ def _file_json(f: FileRecord) -> JsonValue:
     return out
 
 
-def parse_manifest(raw: bytes) -> Manifest:
+def parse_manifest(raw: bytes, keys: Keyring | None = None) -> Manifest:
     """Verify the self-checksum of ``raw`` and parse it into a :class:`Manifest`.
 
+    With ``keys`` the manifest must also be signed with one of them and record
+    the sha256 of every file (so the signature vouches for the files' bytes too).
+
     Raises:
-        ManifestError: anything is wrong; the message says what.
+        SignatureError: ``keys`` given and the signature is missing or wrong.
+        ManifestError: anything else is wrong; the message says what.
     """
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ManifestError(
@@ -187,12 +197,18 @@ def parse_manifest(raw: bytes) -> Manifest:
         body = unseal(raw, "manifest")
     except SealError as exc:
         raise ManifestError(str(exc)) from None
+    if keys is not None:
+        verify(raw, body, keys)
     try:
-        return _validate(body)
+        manifest = _validate(body)
     except ManifestError:
         raise
     except (FormatError, InvalidKeyError, ValueError) as exc:
         raise ManifestError(f"invalid manifest: {exc}") from None
+    unhashed = [f.name for f in manifest.files if f.sha256 is None] if keys is not None else []
+    if unhashed:
+        raise SignatureError(f"signed manifest records no sha256 for {unhashed[:3]}")
+    return manifest
 
 
 def _validate(body: JsonValue) -> Manifest:

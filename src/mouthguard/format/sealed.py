@@ -10,9 +10,17 @@ The checksum covers the raw bytes, not a re-serialisation, so *any* changed byte
 is detected, whitespace included, and the file must end exactly with the
 expected trailer. The member keeps the name ``manifest_checksum`` in every
 sealed document (format v1), so one reader verifies them all.
+
+A document may also be signed (:mod:`mouthguard.format.signing`): the member
+``"manifest_signature"`` then sits just before the checksum, and the signature
+covers every byte before its own leading comma. The checksum covers the
+signature too, so corruption is still found without a key, and an unsigned
+document is byte for byte what it was before signatures existed.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from mouthguard.errors import FormatError
 from mouthguard.format import typed_json
@@ -22,14 +30,19 @@ from mouthguard.format.typed_json import JsonValue
 TRAILER_KEY = "manifest_checksum"
 _MARKER = f',\n "{TRAILER_KEY}": "'.encode()
 _END = b'"\n}\n'
+SIGNATURE_KEY = "manifest_signature"
+_SIGNATURE_MARKER = f',\n "{SIGNATURE_KEY}": "'.encode()
 
 
 class SealError(FormatError):
     """A sealed document is truncated, damaged or not sealed at all."""
 
 
-def seal(body: dict[str, JsonValue]) -> bytes:
-    """Serialise ``body`` and append its checksum trailer.
+def seal(body: dict[str, JsonValue], sign: Callable[[bytes], str] | None = None) -> bytes:
+    """Serialise ``body`` and append its checksum trailer (and signature, with ``sign``).
+
+    ``sign`` maps the bytes to be signed to the signature's text (no quotes or
+    backslashes); the signature member is inserted before the checksum.
 
     Exposed so that tools (and hostile-input tests) can produce documents whose
     checksum is valid but whose content is not: the checksum proves integrity,
@@ -38,6 +51,8 @@ def seal(body: dict[str, JsonValue]) -> bytes:
     """
     text = typed_json.dumps_strict(body, indent=1).encode()
     prefix = text[: text.rindex(b"}")].rstrip()
+    if sign is not None:
+        prefix += _SIGNATURE_MARKER + sign(prefix).encode() + b'"'
     return prefix + _MARKER + xxh3_digest(prefix).encode() + _END
 
 
@@ -62,3 +77,19 @@ def unseal(raw: bytes, what: str = "document") -> dict[str, JsonValue]:
         raise SealError(f"{what} is not a JSON object")
     body.pop(TRAILER_KEY, None)
     return body
+
+
+def signed_part(raw: bytes) -> tuple[bytes, str] | None:
+    """For a document :func:`unseal` accepted: (the bytes signed, the signature) or None.
+
+    None when the document carries no signature member right before its checksum.
+    The caller checks that the parsed body's signature member agrees.
+    """
+    head = raw[: raw.rfind(_MARKER)]
+    cut = head.rfind(_SIGNATURE_MARKER)
+    if cut < 0 or not head.endswith(b'"'):
+        return None
+    value = head[cut + len(_SIGNATURE_MARKER) : -1]
+    if b'"' in value or b"\\" in value or b"\n" in value:
+        return None
+    return head[:cut], value.decode("ascii", errors="replace")
