@@ -217,9 +217,9 @@ def load_copy(
     """
     record = _rank_file(manifest, rank)
     key = prefix + record.name
+    _check_object(tier, key, record)  # the real size bounds every allocation below
     into_map = _into_targets(into) if into is not None else {}
     targets = _plan(manifest, rank, into_map)
-    _check_object(tier, key, record)
     hasher = StreamHasher(with_sha256=record.sha256 is not None)
     header = _read_header(tier, key, record, hasher)
     _check_header(header, record, [t.record for t in targets])

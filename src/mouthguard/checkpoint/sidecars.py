@@ -128,9 +128,14 @@ def _time(value: object) -> dt.datetime | None:
     if not isinstance(value, str):
         return None
     try:
-        return dt.datetime.fromisoformat(value)
-    except ValueError:
+        parsed = dt.datetime.fromisoformat(value)
+        if parsed.tzinfo is None:  # mouthguard writes UTC offsets; a bare time is UTC
+            parsed = parsed.replace(tzinfo=dt.UTC)
+        # Facts travel as float timestamps: the time must survive the round trip.
+        dt.datetime.fromtimestamp(parsed.timestamp(), dt.UTC)
+    except (ValueError, OverflowError, OSError):
         return None
+    return parsed
 
 
 # --- writing ------------------------------------------------------------------

@@ -149,7 +149,12 @@ def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], 
         # Strict like safetensors' own parser: no NaN/Infinity tokens, no lone
         # surrogates, so a file we accept is one every safetensors reader accepts.
         text = head[8:data_offset].decode("utf-8")
-        raw = json.loads(text, parse_constant=_reject_constant)
+        raw = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            object_pairs_hook=_unique_keys,
+        )
         _reject_surrogates(raw)
     except (UnicodeError, ValueError, RecursionError) as exc:
         raise RankFileError(f"rank file header is not valid JSON: {exc}") from None
@@ -198,6 +203,20 @@ def _parse_entry(name: object, info: object, data_offset: int) -> TensorEntry:
     if offsets[1] - offsets[0] != length:
         raise RankFileError(f"tensor {name!r}: data_offsets span does not match dtype and shape")
     return TensorEntry(name, dtype, tuple(shape), data_offset + offsets[0], length)
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result = dict(pairs)
+    if len(result) != len(pairs):  # json would keep the last; safetensors may refuse
+        raise ValueError("duplicate key in the header")
+    return result
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):  # 1e400 reads as inf; safetensors refuses it
+        raise ValueError(f"number {token[:40]} is out of range")
+    return value
 
 
 def _reject_constant(token: str) -> object:

@@ -72,6 +72,10 @@ _PUT_ATTEMPTS = 3
 _MISSING = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENXIO)
 
 
+class LinkedPathError(InvalidKeyError):
+    """A key whose parent path passes through a symbolic link inside the root."""
+
+
 class LocalTier(Tier):
     """A tier over a POSIX directory (local disk, NVMe, or a POSIX network filesystem).
 
@@ -144,7 +148,7 @@ class LocalTier(Tier):
         # realpath resolves only the components that exist; any symbolic link
         # among them makes the result differ from the lexical path.
         if os.path.realpath(path.parent) != str(path.parent):
-            raise InvalidKeyError(
+            raise LinkedPathError(
                 f"key {key!r} on tier {self.name!r} passes through a symbolic link: refused"
             )
         return path
@@ -420,6 +424,13 @@ class LocalTier(Tier):
         if not stat.S_ISREG(st.st_mode):
             raise ObjectNotFoundError(f"{key!r} on tier {self.name!r} is not an object")
         return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is an object; a key through a planted link names none."""
+        try:
+            return super().exists(key)
+        except LinkedPathError:
+            return False
 
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield, sorted, the keys of regular files starting with ``prefix``.
