@@ -40,3 +40,35 @@ def test_out_of_range_number_in_header_is_rejected() -> None:
         safetensors.torch.load(data)
     with pytest.raises(RankFileError, match="range"):
         parse_header(data, len(data))
+
+
+def test_an_integer_beyond_the_double_range_is_rejected() -> None:
+    """A 400-digit integer is fine for Python's json; safetensors says "number out of range".
+
+    Found by the soak level of ``reliability.fuzz`` (rank_header, case 146757).
+    """
+    entry = b'{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":' + b"9" * 400 + b"}"
+    data = _file(b'{"w":' + entry + b"}", bytes(8))
+    with pytest.raises(Exception):  # noqa: B017 - the reference reader refuses it
+        safetensors.torch.load(data)
+    with pytest.raises(RankFileError, match="not valid JSON"):
+        parse_header(data, len(data))
+
+
+def test_nesting_safetensors_refuses_is_rejected() -> None:
+    """serde_json stops at 128 levels ("recursion limit exceeded"); Python's json does not.
+
+    Found by the soak level of ``reliability.fuzz`` (rank_header, case 131851).
+    """
+    deep = b"[" * 200 + b"]" * 200
+    entry = b'{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":' + deep + b"}"
+    data = _file(b'{"w":' + entry + b"}", bytes(8))
+    with pytest.raises(Exception):  # noqa: B017 - the reference reader refuses it
+        safetensors.torch.load(data)
+    with pytest.raises(RankFileError, match="nesting"):
+        parse_header(data, len(data))
+    shallow = b"[" * 10 + b"]" * 10  # what real headers never need, but is harmless
+    ok = _file(
+        b'{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":' + shallow + b"}}", bytes(8)
+    )
+    assert len(parse_header(ok, len(ok))[0]) == 1

@@ -31,6 +31,8 @@ HEADER_ALIGN = 4096
 #: Upper bound on a header we agree to parse; safetensors itself caps it at 100 MB.
 MAX_HEADER_BYTES = 100_000_000
 _METADATA_KEY = "__metadata__"
+#: Deepest JSON nesting accepted in a header (safetensors' parser refuses past 128).
+MAX_HEADER_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -153,10 +155,11 @@ def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], 
             text,
             parse_constant=_reject_constant,
             parse_float=_finite_float,
+            parse_int=_bounded_int,
             object_pairs_hook=_unique_keys,
         )
         _reject_surrogates(raw)
-    except (UnicodeError, ValueError, RecursionError) as exc:
+    except (UnicodeError, ValueError, RecursionError, OverflowError) as exc:
         raise RankFileError(f"rank file header is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise RankFileError("rank file header is not a JSON object")
@@ -212,6 +215,12 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return result
 
 
+def _bounded_int(token: str) -> int:
+    value = int(token)
+    float(value)  # OverflowError past the double range, which safetensors refuses too
+    return value
+
+
 def _finite_float(token: str) -> float:
     value = float(token)
     if not math.isfinite(value):  # 1e400 reads as inf; safetensors refuses it
@@ -224,17 +233,22 @@ def _reject_constant(token: str) -> object:
 
 
 def _reject_surrogates(value: object) -> None:
-    """Raise UnicodeError if any string (key or value) holds a lone surrogate."""
-    stack = [value]
+    """Raise on what safetensors' JSON parser refuses and Python's accepts.
+
+    Lone surrogates in any string (UnicodeError), and nesting deeper than
+    :data:`MAX_HEADER_DEPTH` (serde_json stops at 128 levels; we stop earlier,
+    as our own headers are three levels deep).
+    """
+    stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, str):
             item.encode("utf-8")
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+        elif isinstance(item, dict | list):
+            if depth > MAX_HEADER_DEPTH:
+                raise ValueError(f"nesting deeper than {MAX_HEADER_DEPTH} levels")
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
