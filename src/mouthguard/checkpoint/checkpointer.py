@@ -39,7 +39,7 @@ from mouthguard.errors import (
 from mouthguard.format import typed_json
 from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
-from mouthguard.format.state_tree import flatten_state
+from mouthguard.format.state_tree import FlatState, flatten_state
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.policy.placement import plan_placement, protection_status
@@ -154,15 +154,7 @@ class Checkpointer:
         self._saver.wait_previous()
         started = time.perf_counter()
         try:
-            flat = flatten_state(state)
-            request = SaveRequest(
-                self.run,
-                step,
-                level,
-                flat.skeleton,
-                _reference_json(reference),
-                signing=self.manifest_keys,
-            )
+            flat, request = self._request(step, state, level, reference)
         except Exception as exc:
             self._fail_with_peers(step, level, exc)
             raise
@@ -212,15 +204,7 @@ class Checkpointer:
         catalog.step_dir(step)
         waited = self._saver.wait_previous()
         try:
-            flat = flatten_state(state)
-            request = SaveRequest(
-                self.run,
-                step,
-                level,
-                flat.skeleton,
-                _reference_json(reference),
-                signing=self.manifest_keys,
-            )
+            flat, request = self._request(step, state, level, reference)
             layout = layout_for(flat, self._file_metadata(step))
             image = self._saver.staging.reserve(layout.size, pinned=needs_pinned(flat))
             snapshot(flat, layout, image)
@@ -266,6 +250,21 @@ class Checkpointer:
     def close(self) -> None:
         """Finish the async save in flight and free the staging buffer."""
         self._saver.close()
+
+    def _request(
+        self,
+        step: int,
+        state: object,
+        level: Importance,
+        reference: Mapping[str, object] | None,
+    ) -> tuple[FlatState, SaveRequest]:
+        """The state split for writing, and what the commit records besides its tensors."""
+        flat = flatten_state(state)
+        reference_json = _reference_json(reference)
+        request = SaveRequest(
+            self.run, step, level, flat.skeleton, reference_json, signing=self.manifest_keys
+        )
+        return flat, request
 
     def _fail_with_peers(self, step: int, level: Importance, exc: Exception) -> CheckpointInfo:
         """Take part in a multi-rank commit with a local failure, so no peer waits forever.
