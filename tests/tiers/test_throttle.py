@@ -106,3 +106,15 @@ def test_delegates_reads_and_metadata_unpaced() -> None:
 def test_rejects_bad_rates(rate: float) -> None:
     with pytest.raises(ValueError, match="write_bytes_per_second"):
         ThrottledTier(MemoryTier(), rate)
+
+
+def test_the_wrapper_forwards_hints_and_debris_collection(tmp_path: Path) -> None:
+    inner = LocalTier(tmp_path / "root")
+    tier = ThrottledTier(inner, FAST)
+    tier.put("a/b", b"x")
+    stored = tier.annotate("a/b", {"importance": "critical"})
+    # Whatever the filesystem can keep, the wrapper reports exactly what the inner tier does.
+    assert stored == bool(inner.annotations("a/b"))
+    assert tier.annotations("a/b") == inner.annotations("a/b")
+    assert tier.set_legal_hold("a/b", True) is inner.set_legal_hold("a/b", True)
+    assert tier.collect_incomplete("a/", 0.0) == 0

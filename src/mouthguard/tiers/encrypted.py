@@ -69,6 +69,7 @@ from mouthguard.errors import AuthenticationError, ConfigError, EncryptionKeyErr
 from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, TierCapabilities, iter_buffers
 from mouthguard.tiers.key_material import parse_keyring, validate_key_id
 from mouthguard.tiers.keys import validate_key
+from mouthguard.tiers.wrapper import WrappedTier
 
 MAGIC = b"MGCRYPT"
 VERSION = 1
@@ -108,7 +109,7 @@ def plaintext_size(stored: int, chunk: int = CHUNK_BYTES) -> int | None:
     return full * chunk + rest if rest < chunk else None
 
 
-class EncryptedTier(Tier):
+class EncryptedTier(WrappedTier):
     """Wraps ``inner`` so that every object is stored AES-256-GCM encrypted (see the module).
 
     Args:
@@ -132,7 +133,7 @@ class EncryptedTier(Tier):
         old_keys: Mapping[str, bytes] | None = None,
         chunk_size: int = CHUNK_BYTES,
     ) -> None:
-        super().__init__(inner.name, inner.domain)
+        super().__init__(inner)
         keys = {**(old_keys or {}), validate_key_id(key_id): bytes(key)}
         for kid, material in keys.items():
             validate_key_id(kid)
@@ -140,7 +141,6 @@ class EncryptedTier(Tier):
                 raise ValueError(f"key {kid!r} must be {KEY_BYTES} bytes, got {len(material)}")
         if not 1 <= chunk_size <= 64 * CHUNK_BYTES:
             raise ValueError(f"chunk_size must be between 1 B and 64 MiB, got {chunk_size}")
-        self.inner = inner
         self.key_id = key_id
         self.chunk_size = chunk_size
         self._keys = keys
@@ -326,48 +326,11 @@ class EncryptedTier(Tier):
         )
         return AESGCM(okm[:KEY_BYTES]), okm[KEY_BYTES:]
 
-    # --- delegated unchanged ------------------------------------------------------
+    # --- everything else is forwarded unchanged (WrappedTier), except renames -------
 
-    def location(self, prefix: str = "") -> str:
-        """The inner tier's location of ``prefix``."""
-        return self.inner.location(prefix)
-
-    def exists(self, key: str) -> bool:
-        """Delegate to the inner tier."""
-        return self.inner.exists(key)
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        """Delegate to the inner tier (keys are not encrypted)."""
-        return self.inner.list(prefix)
-
-    # ``builtins.list``: in the class body ``list`` names the method above.
-    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        """Delegate to the inner tier."""
-        return self.inner.list_dirs(prefix)
-
-    def delete(self, key: str) -> bool:
-        """Delegate to the inner tier."""
-        return self.inner.delete(key)
-
-    def delete_prefix(self, prefix: str) -> int:
-        """Delegate to the inner tier, which may have a faster bulk delete."""
-        return self.inner.delete_prefix(prefix)
-
-    def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
-        """Delegate to the inner tier (its own debris of interrupted writes)."""
-        return self.inner.collect_incomplete(prefix, older_than_seconds)
-
-    def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
-        """Delegate to the inner tier (tags are advisory and not secret)."""
-        return self.inner.annotate(key, tags)
-
-    def annotations(self, key: str) -> dict[str, str]:
-        """Delegate to the inner tier."""
-        return self.inner.annotations(key)
-
-    def set_legal_hold(self, key: str, on: bool) -> bool:
-        """Delegate to the inner tier."""
-        return self.inner.set_legal_hold(key, on)
+    def rename_prefix(self, src: str, dst: str) -> None:
+        """Refused: every chunk is bound to its object's name, so nothing can move."""
+        Tier.rename_prefix(self, src, dst)
 
     def __repr__(self) -> str:
         return f"EncryptedTier({self.inner!r}, key_id={self.key_id!r})"

@@ -15,19 +15,19 @@ Because the inner tier does the actual writing, every guarantee it gives
 
 from __future__ import annotations
 
-import builtins
 import math
 import time
 from collections.abc import Iterator
 
-from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, TierCapabilities, iter_buffers
+from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, iter_buffers
+from mouthguard.tiers.wrapper import WrappedTier
 
 #: Largest piece handed to the inner tier at once; keeps the pacing smooth, so a
 #: file on disk grows steadily instead of in a few big jumps.
 MAX_PIECE_BYTES = 1024 * 1024
 
 
-class ThrottledTier(Tier):
+class ThrottledTier(WrappedTier):
     """Wraps ``inner`` and paces its ``put`` streams to ``write_bytes_per_second``.
 
     The wrapper has the inner tier's name, domain, capabilities and locations, so
@@ -52,18 +52,8 @@ class ThrottledTier(Tier):
                 "write_bytes_per_second must be a finite positive number, "
                 f"got {write_bytes_per_second!r}"
             )
-        super().__init__(inner.name, inner.domain)
-        self.inner = inner
+        super().__init__(inner)
         self.write_bytes_per_second = rate
-
-    @property
-    def capabilities(self) -> TierCapabilities:
-        """The inner tier's capabilities: pacing changes speed, not guarantees."""
-        return self.inner.capabilities
-
-    def location(self, prefix: str = "") -> str:
-        """The inner tier's location of ``prefix``."""
-        return self.inner.location(prefix)
 
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Store ``data`` through the inner tier, no faster than the configured rate.
@@ -87,43 +77,6 @@ class ThrottledTier(Tier):
                 delay = started + sent / self.write_bytes_per_second - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-
-    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        """Delegate to the inner tier (reads are not paced)."""
-        return self.inner.get(key, start, end)
-
-    def read_into(self, key: str, offset: int, out: memoryview) -> None:
-        """Delegate to the inner tier, keeping its zero-copy path."""
-        self.inner.read_into(key, offset, out)
-
-    def head(self, key: str) -> ObjectInfo:
-        """Delegate to the inner tier."""
-        return self.inner.head(key)
-
-    def exists(self, key: str) -> bool:
-        """Delegate to the inner tier."""
-        return self.inner.exists(key)
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        """Delegate to the inner tier."""
-        return self.inner.list(prefix)
-
-    # ``builtins.list``: in the class body ``list`` names the method above.
-    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        """Delegate to the inner tier."""
-        return self.inner.list_dirs(prefix)
-
-    def delete(self, key: str) -> bool:
-        """Delegate to the inner tier."""
-        return self.inner.delete(key)
-
-    def rename_prefix(self, src: str, dst: str) -> None:
-        """Delegate to the inner tier (which refuses if it cannot rename atomically)."""
-        self.inner.rename_prefix(src, dst)
-
-    def delete_prefix(self, prefix: str) -> int:
-        """Delegate to the inner tier, which may have a faster bulk delete."""
-        return self.inner.delete_prefix(prefix)
 
     def __repr__(self) -> str:
         return (
