@@ -97,21 +97,34 @@ def committed_steps(tier: Tier, run: str) -> list[int]:
     return [s for s in step_dirs(tier, run) if tier.exists(manifest_key(run, s))]
 
 
-def committed_steps_on(tiers: Sequence[Tier], run: str) -> list[int]:
-    """Steps committed on any of ``tiers``, ascending, skipping a tier that fails.
+def committed_steps_on(
+    tiers: Sequence[Tier], run: str, *, include_unsure: bool = False
+) -> list[int]:
+    """Steps committed on any of ``tiers``, ascending, tolerant of a failing tier.
 
     A store whose object store is down must still resume from its fast tier: a
     tier that cannot be listed is left out (with a warning) as long as one tier
-    answered; if none did, the first tier's error is raised.
+    answered; if none did, the first tier's error is raised. A step whose
+    manifest cannot be looked up counts only with ``include_unsure`` (the
+    replicator visits it and reports what fails for that one checkpoint).
     """
     found: set[int] = set()
     failures: list[MouthguardError] = []
     for tier in tiers:
         try:
-            found.update(committed_steps(tier, run))
+            dirs = step_dirs(tier, run)
         except MouthguardError as exc:
             log.warning("cannot list %s on tier %s: %s", run, tier.name, exc)
             failures.append(exc)
+            continue
+        for step in dirs:
+            try:
+                if tier.exists(manifest_key(run, step)):
+                    found.add(step)
+            except MouthguardError as exc:
+                log.warning("cannot look up %s step %d on tier %s: %s", run, step, tier.name, exc)
+                if include_unsure:
+                    found.add(step)
     if failures and len(failures) == len(tiers):
         raise failures[0]
     return sorted(found)

@@ -292,20 +292,12 @@ class Replicator:
         :meth:`replicate` then reports what fails for that one checkpoint, and
         one flaky checkpoint never hides the others from the pass.
         """
-        found: set[int] = set()
-        for tier in self.store.tiers:
-            try:
-                dirs = catalog.step_dirs(tier, run)
-            except MouthguardError as exc:
-                log.warning("cannot list %s on tier %s: %s", run, tier.name, exc)
-                continue
-            for step in dirs:
-                try:
-                    if tier.exists(catalog.manifest_key(run, step)):
-                        found.add(step)
-                except MouthguardError:
-                    found.add(step)
-        return sorted(found, reverse=True)
+        try:
+            steps = catalog.committed_steps_on(self.store.tiers, run, include_unsure=True)
+        except MouthguardError as exc:
+            log.warning("cannot list %s on any tier: %s", run, exc)
+            return []
+        return steps[::-1]
 
     def run_once(
         self,
