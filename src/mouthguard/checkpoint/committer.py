@@ -100,9 +100,17 @@ def save_copy(
         if ranks.is_coordinator:
             discard_staged(tier, request.run, request.step, staging, ranks.world_size)
         raise
-    manifest_text = _agree(
-        ranks, lambda: _commit(tier, request, staging, final, records, ranks.world_size)
-    )
+    committed: list[Manifest] = []
+
+    def commit() -> JsonValue:
+        manifest, raw = _commit(tier, request, staging, final, records, ranks.world_size)
+        committed.append(manifest)
+        # The peers get the exact bytes (and parse them); one rank needs nothing more.
+        return raw.decode() if ranks.world_size > 1 else None
+
+    manifest_text = _agree(ranks, commit)
+    if committed:  # the coordinator: already parsed and validated before the commit
+        return committed[0]
     assert isinstance(manifest_text, str)
     return Manifest.from_bytes(manifest_text.encode())
 
@@ -208,8 +216,11 @@ def _commit(  # noqa: PLR0917 - private; one call site, all arguments distinct
     final: str,
     gathered: list[JsonValue],
     world_size: int,
-) -> str:
-    """Coordinator: write the manifest over every rank's records and publish it."""
+) -> tuple[Manifest, bytes]:
+    """Coordinator: write the manifest over every rank's records and publish it.
+
+    Returns the committed manifest, parsed from its exact bytes, and those bytes.
+    """
     try:
         ranks = [_records_from_json(value) for value in gathered]
         if world_size > 1:
@@ -227,7 +238,7 @@ def _commit(  # noqa: PLR0917 - private; one call site, all arguments distinct
             reference=request.reference,
         )
         raw = manifest.to_bytes(request.signing)
-        Manifest.from_bytes(raw)  # peers' records are validated before they are committed
+        parsed = Manifest.from_bytes(raw)  # peers' records are validated before the commit
         commit_bytes(tier, staging, final, raw)
     except (ObjectExistsError, CheckpointExistsError):
         # Another writer committed (or is committing) this step: on tiers without
@@ -240,7 +251,7 @@ def _commit(  # noqa: PLR0917 - private; one call site, all arguments distinct
     except BaseException:
         discard_staged(tier, request.run, request.step, staging, world_size)
         raise
-    return raw.decode()
+    return parsed, raw
 
 
 def _check_visible(tier: Tier, staging: str, records: list[FileRecord]) -> None:
