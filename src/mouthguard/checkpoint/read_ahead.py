@@ -15,42 +15,19 @@ started has finished. No read ever lands in a buffer after the caller moved on
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 
 from mouthguard.tiers.base import Tier
+from mouthguard.tiers.io_pool import IOPool
 
 #: Reads in flight per file.
 READ_AHEAD = 8
 #: Threads issuing reads, shared by every load in this process.
 READER_THREADS = 4
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _readers() -> ThreadPoolExecutor:
-    global _pool  # noqa: PLW0603 - one lazily created pool for the whole process
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="mouthguard-read")
-        return _pool
-
-
-def _start(tier: Tier, key: str, offset: int, view: memoryview) -> Future[None]:
-    try:
-        return _readers().submit(tier.read_into, key, offset, view)
-    except RuntimeError:
-        # The interpreter is exiting and executors refuse work: read here instead.
-        done: Future[None] = Future()
-        try:
-            tier.read_into(key, offset, view)
-            done.set_result(None)
-        except BaseException as exc:  # noqa: BLE001 - delivered through the future
-            done.set_exception(exc)
-        return done
+_READERS = IOPool(READER_THREADS, "mouthguard-read")
 
 
 def read_in_order(
@@ -65,7 +42,7 @@ def read_in_order(
     pending: deque[tuple[Future[None], memoryview]] = deque()
     try:
         for offset, view in jobs:
-            pending.append((_start(tier, key, offset, view), view))
+            pending.append((_READERS.submit(tier.read_into, key, offset, view), view))
             if len(pending) >= READ_AHEAD:
                 future, filled = pending.popleft()
                 future.result()

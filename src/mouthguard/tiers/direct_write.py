@@ -42,8 +42,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
+
+from mouthguard.tiers.io_pool import IOPool
 
 #: Alignment of O_DIRECT buffers, offsets and lengths (covers 512 B and 4 KiB sectors).
 ALIGN = 4096
@@ -59,16 +61,7 @@ FLUSH_AFTER_SECONDS = 0.1
 #: Streams smaller than this are not worth the pipeline (manifests, sidecars).
 DIRECT_MIN_BYTES = 1024 * 1024
 
-_executor_lock = threading.Lock()
-_executor: ThreadPoolExecutor | None = None
-
-
-def _writers() -> ThreadPoolExecutor:
-    global _executor  # noqa: PLW0603 - one lazily created pool for the whole process
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="mouthguard-io")
-        return _executor
+_WRITERS = IOPool(WRITER_THREADS, "mouthguard-io")
 
 
 class _BufferPool:
@@ -179,18 +172,7 @@ class _Pipeline:
     def submit(self, offset: int, view: memoryview, bounce: mmap.mmap | None) -> None:
         while len(self._pending) >= IN_FLIGHT:
             self._retire_oldest()
-        try:
-            future = _writers().submit(self.write, offset, view)
-        except RuntimeError:
-            # The interpreter is exiting (executors refuse new work): a save still
-            # in flight must finish, so write in this thread instead.
-            future = Future()
-            try:
-                self.write(offset, view)
-                future.set_result(None)
-            except WriteError as exc:
-                future.set_exception(exc)
-        self._pending.append((future, bounce))
+        self._pending.append((_WRITERS.submit(self.write, offset, view), bounce))
 
     def _retire_oldest(self) -> None:
         future, bounce = self._pending.popleft()
