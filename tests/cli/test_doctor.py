@@ -58,6 +58,11 @@ def test_two_domains_are_healthy(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert all(p["satisfiable"] for p in report["placement"].values())
     assert report["placement"]["routine"]["targets"] == ["fast", "durable"]
     assert report["placement"]["transient"]["targets"] == ["fast"]
+    # What doctor says about syncing is what the write path does: the durable local
+    # tier fsyncs every save, transient ones included.
+    synced = "a save is on stable storage before it is acknowledged (fast is durable)"
+    assert all(synced in p["reasons"] for p in report["placement"].values())
+    assert not any("fsync" in r for p in report["placement"].values() for r in p["reasons"])
     # The probe objects are gone again: no run appears, no directory is left.
     for tier in ("fast", "durable"):
         assert list((tmp_path / "two" / tier).iterdir()) == []

@@ -127,9 +127,7 @@ def render(scenario: Json) -> Json:
                 "required_copies": p.required_copies,
                 "required_domains": p.required_domains,
                 "verify": p.verify,
-                "fsync": p.fsync,
                 "legal_hold": p.legal_hold,
-                "pin_on_fast": p.pin_on_fast,
                 "satisfiable": p.satisfiable,
                 "reasons": list(p.reasons),
             }

@@ -1,4 +1,4 @@
-"""Policy configuration: DESIGN.md's defaults, the [policy] table, and clear errors."""
+"""Policy configuration: the default levels, the [policy] table, and clear errors."""
 
 from __future__ import annotations
 
@@ -23,9 +23,8 @@ def test_defaults_implement_the_design_table() -> None:
     routine = config.level(Importance.ROUTINE)
     assert (routine.min_copies, routine.distinct_domains, routine.keep_last) == (2, True, 3)
     transient = config.level(Importance.TRANSIENT)
-    assert (transient.min_copies, transient.fast_only, transient.fsync) == (1, True, False)
+    assert (transient.min_copies, transient.fast_only) == (1, True)
     assert transient.keep_last == 1
-    assert all(config.level(level).fsync for level in Importance if level.rank > 0)
     assert config.trash_delay_seconds == 86400
     assert config.trash_delay(Importance.ROUTINE) == 86400
     assert config.trash_delay(Importance.TRANSIENT) == 0
@@ -85,7 +84,7 @@ def test_milestone_keep_last_all_and_empty_document() -> None:
 
 def test_missing_levels_get_defaults_and_are_read_only() -> None:
     custom = LevelPolicy(
-        min_copies=3, distinct_domains=True, verify_before_counting=True, fsync=True, keep_last=7
+        min_copies=3, distinct_domains=True, verify_before_counting=True, keep_last=7
     )
     config = PolicyConfig(levels={Importance.ROUTINE: custom})
     assert config.level(Importance.ROUTINE) is custom
@@ -106,7 +105,15 @@ def test_missing_levels_get_defaults_and_are_read_only() -> None:
         ({"routine": {"min_copies": True}}, r"policy\.routine\.min_copies: must be an integer"),
         ({"routine": {"keep_last": -1}}, r"policy\.routine\.keep_last: must be at least 0"),
         ({"routine": {"keep_last": 2.5}}, r"policy\.routine\.keep_last: must be an integer"),
-        ({"routine": {"fsync": 1}}, r"policy\.routine\.fsync: must be true or false"),
+        ({"routine": {"legal_hold": 1}}, r"policy\.routine\.legal_hold: must be true or false"),
+        (
+            {"transient": {"fsync": False}},
+            r"policy\.transient\.fsync: not a policy setting: .*durable",
+        ),
+        (
+            {"routine": {"keep_on_fast": False}},
+            r"policy\.routine\.keep_on_fast: not a policy .*fast_keep_newest",
+        ),
         ({"routine": 3}, r"policy\.routine: must be a table"),
         ({"critical": {"keep_last": 3}}, r"policy\.critical\.keep_last: critical .* never auto"),
         ({"golden": {"keep_last": 3}}, r"policy\.golden\.keep_last: critical .* never auto"),
@@ -136,14 +143,10 @@ def test_policy_that_is_not_a_table() -> None:
 
 
 def test_direct_construction_is_checked_too() -> None:
-    weak = LevelPolicy(
-        min_copies=1, distinct_domains=False, verify_before_counting=False, fsync=True
-    )
+    weak = LevelPolicy(min_copies=1, distinct_domains=False, verify_before_counting=False)
     with pytest.raises(ConfigError, match=r"policy\.routine\.min_copies: must be at least 2"):
         PolicyConfig(levels={Importance.ROUTINE: weak})
-    deletable = LevelPolicy(
-        min_copies=2, distinct_domains=True, verify_before_counting=True, fsync=True
-    )
+    deletable = LevelPolicy(min_copies=2, distinct_domains=True, verify_before_counting=True)
     with pytest.raises(ConfigError, match="critical checkpoints are never auto-deleted"):
         PolicyConfig(levels={Importance.CRITICAL: deletable})
     with pytest.raises(ConfigError, match=r"policy\.best_mode"):

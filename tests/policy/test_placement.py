@@ -30,7 +30,8 @@ def test_routine_takes_fast_then_a_new_domain() -> None:
     assert p.targets == ("fast", "nfs")
     assert (p.required_copies, p.required_domains, p.satisfiable) == (2, 2, True)
     assert p.missing == ()
-    assert p.fsync and not p.verify and not p.legal_hold and p.pin_on_fast
+    assert not p.verify and not p.legal_hold
+    assert "a save is on stable storage before it is acknowledged (fast is durable)" in p.reasons
 
 
 def test_greedy_prefers_a_new_failure_domain_over_configured_order() -> None:
@@ -96,10 +97,19 @@ def test_no_tiers() -> None:
     assert p.reasons == ("unsatisfiable: the store has no tiers",)
 
 
-def test_transient_is_one_copy_on_fast_without_fsync() -> None:
+def test_transient_is_one_copy_on_fast_synced_as_the_tier_does() -> None:
+    # Durability is the fast tier's at every level: the local tier fsyncs transient
+    # saves too, and the reasons (what doctor prints) must say so, not "no fsync".
     p = plan_placement(Importance.TRANSIENT, [NFS, FAST, S3], CONFIG)
     assert p.targets == ("fast",)
-    assert (p.required_copies, p.fsync, p.verify, p.satisfiable) == (1, False, False, True)
+    assert (p.required_copies, p.verify, p.satisfiable) == (1, False, True)
+    assert (
+        p.reasons[-1] == "a save is on stable storage before it is acknowledged (fast is durable)"
+    )
+    on_ram = plan_placement(Importance.TRANSIENT, [RAM, NFS], CONFIG)
+    assert on_ram.reasons[-1] == (
+        "a save is not on stable storage when acknowledged (ram is not durable)"
+    )
 
 
 def test_first_tier_is_fast_when_none_is_marked() -> None:

@@ -1,6 +1,6 @@
 """Policy configuration: what each importance level is owed, and the retention knobs.
 
-The defaults implement the table in DESIGN.md ("Importance: the write-path hint"):
+The defaults, level by level:
 
 ============  ==================================================================
 level         default protection
@@ -14,9 +14,16 @@ milestone     >= 2 copies in distinct failure domains, verified; all kept
               (``keep_last`` limits it to the last N milestones of a run)
 routine       >= 2 copies in distinct failure domains (RF2 minimum); keep the
               last 3 of a run
-transient     one copy, fast tier only, no fsync; keep the last 1 of a run;
-              trash delay 0 (purged on the pass after it is trashed)
+transient     one copy, fast tier only; keep the last 1 of a run; trash
+              delay 0 (purged on the pass after it is trashed)
 ============  ==================================================================
+
+Durability is the tier's, not the level's: a save is on stable storage when it
+is acknowledged exactly when its tier is durable (a local tier fsyncs the file
+and its directory, at every level, transient included). Which checkpoints stay
+on the fast tier is ``fast_keep_newest``'s decision (plus the newest critical of
+each run). The former per-level keys ``fsync`` and ``keep_on_fast`` changed
+neither; they are refused with a message saying so.
 
 ``[policy]`` in ``mouthguard.toml`` overrides them::
 
@@ -36,8 +43,8 @@ transient     one copy, fast tier only, no fsync; keep the last 1 of a run;
     keep_last = 10             # or "all" (the default)
 
 ``golden`` is accepted as a section name for ``critical``. Unknown keys, wrong
-types and values that would weaken a guarantee below DESIGN.md's floor (fewer
-than 2 copies above transient, a keep-last limit on critical, negative delays)
+types and values that would weaken a guarantee below the floor (fewer than
+2 copies above transient, a keep-last limit on critical, negative delays)
 raise :class:`~mouthguard.errors.ConfigError` naming the key.
 """
 
@@ -66,11 +73,9 @@ class LevelPolicy:
             single copy lives on the fast tier).
         distinct_domains: the replicas must span ``min_copies`` failure domains.
         verify_before_counting: a replica counts only once read back and verified.
-        fsync: saves are flushed to stable storage before they are acknowledged.
         all_durable_tiers: in addition, every durable tier other than the fast
             tier holds a copy (the fast copy is held only while pinned there).
         legal_hold: place a legal hold on tiers that support object lock.
-        keep_on_fast: saves land on the fast tier first and the newest stay there.
         fast_only: the one copy lives on the fast tier only (transient).
         keep_last: keep the last N valid checkpoints of this level per run;
             ``None`` keeps them all.
@@ -82,10 +87,8 @@ class LevelPolicy:
     min_copies: int
     distinct_domains: bool
     verify_before_counting: bool
-    fsync: bool
     all_durable_tiers: bool = False
     legal_hold: bool = False
-    keep_on_fast: bool = True
     fast_only: bool = False
     keep_last: int | None = None
     never_auto_delete: bool = False
@@ -93,34 +96,31 @@ class LevelPolicy:
 
 
 def default_levels() -> dict[Importance, LevelPolicy]:
-    """DESIGN.md's table as :class:`LevelPolicy` values (a fresh dict)."""
+    """The module doc's table as :class:`LevelPolicy` values (a fresh dict)."""
     return {
         Importance.CRITICAL: LevelPolicy(
             min_copies=2,
             distinct_domains=True,
             verify_before_counting=True,
-            fsync=True,
             all_durable_tiers=True,
             legal_hold=True,
             never_auto_delete=True,
         ),
         Importance.MILESTONE: LevelPolicy(
-            min_copies=2, distinct_domains=True, verify_before_counting=True, fsync=True
+            min_copies=2, distinct_domains=True, verify_before_counting=True
         ),
         Importance.ROUTINE: LevelPolicy(
-            # DESIGN.md asks routine for RF2, not read-back verification; the
-            # deletion rules still demand a verified copy before anything goes.
+            # Routine is owed RF2, not read-back verification; the deletion
+            # rules still demand a verified copy before anything goes.
             min_copies=2,
             distinct_domains=True,
             verify_before_counting=False,
-            fsync=True,
             keep_last=3,
         ),
         Importance.TRANSIENT: LevelPolicy(
             min_copies=1,
             distinct_domains=False,
             verify_before_counting=False,
-            fsync=False,
             fast_only=True,
             keep_last=1,
             # Scratch is worth less than the fast-tier space it holds; the mark is
@@ -252,17 +252,29 @@ _TOP_KEYS = (
 _BOOL_KEYS = (
     "distinct_domains",
     "verify_before_counting",
-    "fsync",
     "all_durable_tiers",
     "legal_hold",
-    "keep_on_fast",
 )
+#: Keys that once existed but were never honoured by the write path: refused with
+#: the reason, so a configuration relying on them learns it instead of being
+#: silently ignored.
+_REMOVED_KEYS = {
+    "fsync": (
+        "not a policy setting: a save is synced to stable storage before it is "
+        "acknowledged exactly when its tier is durable, whatever its importance"
+    ),
+    "keep_on_fast": (
+        "not a policy setting: every save lands on the fast tier first, and which "
+        "checkpoints stay there is set by policy.fast_keep_newest (the newest "
+        "critical checkpoint of a run stays too)"
+    ),
+}
 #: keys a level section may set; transient's shape (one copy on fast) is fixed.
 _LEVEL_KEYS: dict[Importance, tuple[str, ...]] = {
     Importance.CRITICAL: ("min_copies", *_BOOL_KEYS, "trash_delay_seconds"),
     Importance.MILESTONE: ("min_copies", *_BOOL_KEYS, "keep_last", "trash_delay_seconds"),
     Importance.ROUTINE: ("min_copies", *_BOOL_KEYS, "keep_last", "trash_delay_seconds"),
-    Importance.TRANSIENT: ("fsync", "verify_before_counting", "keep_last", "trash_delay_seconds"),
+    Importance.TRANSIENT: ("verify_before_counting", "keep_last", "trash_delay_seconds"),
 }
 
 
@@ -294,6 +306,8 @@ def _parse_level(
     changes: dict[str, object] = {}
     for key, value in raw.items():
         name = f"{where}.{key}"
+        if key in _REMOVED_KEYS:
+            raise ConfigError(f"{name}: {_REMOVED_KEYS[key]}")
         if key not in allowed:
             if importance is Importance.CRITICAL and key == "keep_last":
                 raise ConfigError(f"{name}: critical checkpoints are never auto-deleted")

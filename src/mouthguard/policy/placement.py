@@ -6,8 +6,13 @@ it. Both are pure and deterministic.
 
 Rules (see :mod:`mouthguard.policy.config` for the per-level numbers):
 
-* Saves land on the fast tier first (``keep_on_fast``): it is the first target.
-  The fast tier is the first tier marked ``is_fast``, else the first tier listed.
+* Saves land on the fast tier first: it is the first target, because the write
+  path always commits there. The fast tier is the first tier marked
+  ``is_fast``, else the first tier listed.
+* Durability is the fast tier's: a save there is on stable storage when it is
+  acknowledged iff that tier is ``durable`` (the local tier fsyncs), at every
+  importance. The reasons say which, so ``mouthguard doctor`` reports what the
+  write path does.
 * Above transient only copies on *durable* tiers count as replicas: a RAM copy
   is gone after a power cut, so it protects nothing.
 * Replicas are chosen greedily over the durable tiers in configured order,
@@ -46,9 +51,7 @@ class Placement:
         required_domains: distinct failure domains those replicas must span.
         distinct_domains: the level asks for distinct failure domains.
         verify: a replica counts only once read back and verified.
-        fsync: saves are flushed before they are acknowledged.
         legal_hold: place a legal hold on targets that support object lock.
-        pin_on_fast: the level keeps its newest checkpoints on the fast tier.
         satisfiable: the store's tiers can meet the requirement at all.
         reasons: why each target was chosen and, when unsatisfiable, what is
             missing (those entries start with ``unsatisfiable:``).
@@ -68,9 +71,7 @@ class Placement:
     required_domains: int
     distinct_domains: bool
     verify: bool
-    fsync: bool
     legal_hold: bool
-    pin_on_fast: bool
     satisfiable: bool
     reasons: tuple[str, ...]
     missing: tuple[str, ...] = ()
@@ -146,9 +147,7 @@ def plan_placement(
             required_domains=level.min_copies if level.distinct_domains else 1,
             distinct_domains=level.distinct_domains,
             verify=level.verify_before_counting,
-            fsync=level.fsync,
             legal_hold=level.legal_hold,
-            pin_on_fast=False,
             satisfiable=False,
             reasons=("unsatisfiable: the store has no tiers",),
             missing=("unsatisfiable: the store has no tiers",),
@@ -161,13 +160,11 @@ def plan_placement(
             required_domains=1,
             distinct_domains=False,
             verify=level.verify_before_counting,
-            fsync=level.fsync,
             legal_hold=False,
-            pin_on_fast=True,
             satisfiable=True,
             reasons=(
-                f"{importance.value}: one copy, on the fast tier ({fast.name}) only; "
-                f"{'fsync' if level.fsync else 'no fsync'}; evicted first",
+                f"{importance.value}: one copy, on the fast tier ({fast.name}) only; evicted first",
+                _durability(fast),
             ),
             counted_tiers=(fast.name,),
             fast_tier=fast.name,
@@ -183,22 +180,20 @@ def _replicated(
     durable = [t for t in tiers if t.durable]
     every = level.all_durable_tiers
     # "Every durable tier" leaves out the fast tiers: the fast copy is the recovery
-    # cache, held only while the checkpoint is pinned there (DESIGN.md: critical is
-    # not demoted off fast *while it is the newest critical*), so it cannot be a
-    # copy the checkpoint is owed forever.
+    # cache, held only while the checkpoint is pinned there (critical is not
+    # demoted off fast *while it is the newest critical*), so it cannot be a copy
+    # the checkpoint is owed forever.
     home = [t for t in durable if not (t.is_fast or t is fast)] if every else []
     required = max(level.min_copies, len(home)) if every else level.min_copies
     needed_domains = level.min_copies if level.distinct_domains else 1
     reasons = [_requirement(importance.value, required, needed_domains, every)]
 
-    targets: list[TierFacts] = []
+    targets: list[TierFacts] = [fast]
     replicas: list[TierFacts] = []
-    if level.keep_on_fast:
-        targets.append(fast)
-        how = "durable, counts as a replica" if fast.durable else "not durable, not a replica"
-        reasons.append(f"{fast.name}: fast tier, saves land here first ({how})")
-        if fast.durable:
-            replicas.append(fast)
+    how = "durable, counts as a replica" if fast.durable else "not durable, not a replica"
+    reasons.append(f"{fast.name}: fast tier, saves land here first ({how})")
+    if fast.durable:
+        replicas.append(fast)
     for tier in home:
         replicas.append(tier)
         reasons.append(f"{tier.name}: every durable tier off the fast tier holds a copy")
@@ -226,8 +221,7 @@ def _replicated(
     missing = _missing(importance.value, durable, required, needed_domains)
     if level.verify_before_counting:
         reasons.append("a replica counts once it is read back and verified")
-    if level.fsync:
-        reasons.append("saves are fsynced before they are acknowledged")
+    reasons.append(_durability(fast))
     if level.legal_hold:
         locking = [t.name for t in targets if t.object_lock]
         reasons.append(
@@ -242,9 +236,7 @@ def _replicated(
         required_domains=needed_domains,
         distinct_domains=level.distinct_domains,
         verify=level.verify_before_counting,
-        fsync=level.fsync,
         legal_hold=level.legal_hold,
-        pin_on_fast=level.keep_on_fast,
         satisfiable=not missing,
         reasons=(*reasons, *missing),
         missing=tuple(missing),
@@ -253,6 +245,13 @@ def _replicated(
         fast_tier=fast.name,
         tiers=tuple(tiers),
     )
+
+
+def _durability(fast: TierFacts) -> str:
+    """What acknowledging a save means on ``fast``: the tier decides, not the level."""
+    if fast.durable:
+        return f"a save is on stable storage before it is acknowledged ({fast.name} is durable)"
+    return f"a save is not on stable storage when acknowledged ({fast.name} is not durable)"
 
 
 def _requirement(level: str, required: int, domains: int, every: bool) -> str:
