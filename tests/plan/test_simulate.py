@@ -34,7 +34,7 @@ TINY = Scenario(
     restart_seconds=5.0,
 )
 
-# The seeds' Llama 3 70B case: 840 GB, 2-minute saves every 30 minutes, 1.5
+# The Llama 3 70B case of docs/economics.md: 840 GB, 2-minute saves every 30 minutes, 1.5
 # failures a day, 14 days.
 LLAMA = Scenario(
     work_seconds=14 * DAY,
@@ -75,12 +75,15 @@ def test_failure_during_recovery_starts_it_over() -> None:
     assert r.wall_seconds == 1090.0 + 37.0
 
 
-def test_unverified_corruption_falls_back_and_verified_does_not() -> None:
+def test_corruption_falls_back_under_every_policy() -> None:
+    # mouthguard does not read the primary back at write time, and a primary found
+    # corrupt later cannot be repaired (replicas are copied from it): a resume
+    # trips over it as on any platform.
     corrupt = dataclasses.replace(TINY, corruption_probability=1.0)
     flat = simulate_run(corrupt, FLAT)
     # both saves are bad: back to the start, 250 s of work lost
     assert (flat.lost_seconds, flat.fallbacks) == (255.0, 2)
-    assert simulate_run(corrupt, IMPORTANCE) == simulate_run(TINY, FLAT)
+    assert simulate_run(corrupt, IMPORTANCE) == flat
 
 
 def test_demoted_checkpoint_is_read_from_the_slow_tier() -> None:
@@ -142,12 +145,16 @@ def test_importance_never_worse_than_temperature_with_corruption(interval: float
     r = simulate(sc, DEFAULT_POLICIES, seed=3, runs=60)
     assert r["importance"].cost_usd <= r["temperature"].cost_usd
     assert r["importance"].lost_gpu_hours <= r["temperature"].lost_gpu_hours
-    assert r["importance"].cost_usd <= r["flat"].cost_usd
-    assert r["importance"].fallbacks == 0 < r["temperature"].fallbacks
+    # Corruption costs importance fallbacks too: only demotion tells the two apart.
+    assert r["importance"].fallbacks > 0 and r["temperature"].fallbacks > 0
 
 
-def test_importance_equals_flat_without_corruption() -> None:
-    r = simulate(LLAMA, [IMPORTANCE, FLAT], seed=4, runs=10)
+@pytest.mark.parametrize("corruption", [0.0, 0.05])
+def test_importance_equals_flat(corruption: float) -> None:
+    # The model prices recovery only: what importance adds over one fast tier
+    # (cheaper tiers for old checkpoints, replicas elsewhere) is not in it.
+    sc = dataclasses.replace(LLAMA, corruption_probability=corruption)
+    r = simulate(sc, [IMPORTANCE, FLAT], seed=4, runs=10)
     assert r["importance"].as_dict() == r["flat"].as_dict()
 
 

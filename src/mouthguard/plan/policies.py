@@ -1,18 +1,19 @@
 """Storage policies the simulator compares, as data.
 
 A policy says only what changes the cost of a failure: where the checkpoint a
-recovery needs is sitting (fast or slow tier, at what read bandwidth), whether
-reading it from the slow tier may wait on an erasure-code rebuild, and whether
-corruption is caught when the checkpoint is written or only when a resume
-tries to load it. Everything else (interval, write time, failure process) is
-the scenario's and is the same for every policy, so differences in the
-results are the policy's doing.
+recovery needs is sitting (fast or slow tier, at what read bandwidth) and
+whether reading it from the slow tier may wait on an erasure-code rebuild. Corruption
+is the scenario's and costs every policy the same way: a resume reads the
+corrupt checkpoint, fails to load it and falls back one checkpoint (see
+"verification" below for why mouthguard is no exception). Everything else
+(interval, write time, failure process) is the scenario's and is the same for
+every policy, so differences in the results are the policy's doing.
 
 Units: bandwidths in bytes per second (decimal, 1 GB/s = 1e9 B/s), times in
 seconds, probabilities in ``[0, 1]``.
 
-Default figures and where they come from (the source documents in
-``shared/seeds``; "assumption" marks a figure they do not give):
+Default figures and where they come from (published vendor and practitioner
+figures, quoted; "assumption" marks a figure no source gives):
 
 * fast tier read, 100 GB/s aggregate: a parallel filesystem of the BeeGFS or
   Lustre class (100 GB/s; 40 OSTs x 4 GB/s = 160 GB/s), the "100 GB/s of
@@ -28,12 +29,18 @@ Default figures and where they come from (the source documents in
   (assumption: one recovery in two, since the hardware fault that killed the
   job often took drives with it); the wait is exponential with a 30-minute
   mean (assumption), so a rebuild costs about one more 30-minute checkpoint
-  interval -- the seeds' "$300K failure becomes a $600K failure" -- with a
+  interval -- the often-quoted "$300K failure becomes a $600K failure" -- with a
   tail of hours.
-* verification: mouthguard reads back and checksums every checkpoint it
-  writes and keeps a second verified copy, so a corrupt write is repaired
-  before anyone needs it. Platforms that do not verify find out when the
-  resume fails to load, then fall back one more interval.
+* verification: mouthguard does not read the primary copy back when it is
+  written. Its checksums are computed from the bytes handed to the tier, and
+  only the replicas are read back as they are copied. The background
+  replicator reads the primary back shortly after the save (when a second tier
+  exists), but a primary found corrupt then cannot be repaired -- the replicas
+  would be copied from it -- so it stays, reported as damaged, and a resume
+  still reads it, fails and falls back one checkpoint, as on the other
+  platforms. Damage that strikes one copy *after* a verified replica exists
+  would be served from the replica instead; the model has no such damage (see
+  docs/economics.md, "What the model leaves out").
 """
 
 from __future__ import annotations
@@ -80,9 +87,6 @@ class StoragePolicy:
         rebuild_probability: chance that a recovery reading from the slow tier
             first waits for an erasure-code rebuild.
         rebuild_mean_seconds: mean of that wait (exponentially distributed), s.
-        verify_at_write: corruption is detected and repaired when written, so
-            it never reaches a resume; otherwise a resume reads the corrupt
-            checkpoint, fails, and falls back one checkpoint.
     """
 
     name: str
@@ -92,7 +96,6 @@ class StoragePolicy:
     demote_after_seconds: float | None = None
     rebuild_probability: float = 0.0
     rebuild_mean_seconds: float = 0.0
-    verify_at_write: bool = False
 
     def __post_init__(self) -> None:
         for label, value in (
@@ -116,10 +119,12 @@ class StoragePolicy:
         return nbytes / rate
 
 
+# In this model importance behaves as one fast tier would: what it adds over a
+# flat all-fast store (older checkpoints moved to cheaper tiers, replicas in
+# another failure domain) is capacity and protection the model does not price.
 IMPORTANCE = StoragePolicy(
     "importance",
-    "mouthguard: newest valid checkpoints pinned on the fast tier, verified, replicated",
-    verify_at_write=True,
+    "mouthguard: newest valid checkpoints pinned on the fast tier, replicated",
 )
 TEMPERATURE = StoragePolicy(
     "temperature",

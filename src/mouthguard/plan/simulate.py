@@ -15,9 +15,9 @@ The timeline (all times wall-clock seconds from the start of the run):
   Recovery costs the restart ``R``, plus reading every checkpoint tried (from
   the tier the policy left it on), plus, when any of them had been demoted, a
   possible erasure-code rebuild wait. A checkpoint is corrupt with probability
-  ``p``; a policy that verifies at write repaired it long before, any other
-  reads it, fails to load it, and falls back one more checkpoint. The state a
-  segment resumed from is known good (it was just loaded).
+  ``p``; the recovery reads it, fails to load it, and falls back one more
+  checkpoint, whatever the policy (none repairs a checkpoint written corrupt).
+  The state a segment resumed from is known good (it was just loaded).
 * Lost seconds per failure = wall time since compute last resumed from the
   restored state, plus the recovery. What is neither useful compute nor lost
   is checkpoint overhead (stalls of checkpoints that were kept), so
@@ -265,8 +265,8 @@ class _Run:
     def restore(self, tf: float, k: int) -> tuple[int, float, float]:
         """Pick the checkpoint to resume from: ``(index, total read s, its own read s)``.
 
-        Tries landed checkpoints newest first; an unverified corrupt one is
-        read in full before the load fails. Adds the rebuild wait to the total.
+        Tries landed checkpoints newest first; a corrupt one is read in full
+        before the load fails. Adds the rebuild wait to the total.
         """
         sc, policy = self.sc, self.policy
         read = own = 0.0
@@ -277,7 +277,7 @@ class _Run:
             own = policy.read_seconds(sc.checkpoint_bytes, demoted=slow)
             read, slow_read = read + own, slow_read or slow
             bad = self.draws.uniform(_CORRUPT, self.first_write + i - 1) < sc.corruption_probability
-            if not bad or policy.verify_at_write:
+            if not bad:
                 target = i
                 break
             self.fallbacks += 1
