@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,11 +13,12 @@ from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
 from mouthguard.errors import FormatError
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.copy import SourceDamagedError, copy_checkpoint
-from mouthguard.jobs.replicator import Replicator
+from mouthguard.jobs.replicator import ReplicationReport, Replicator, Shortfall
 from mouthguard.tiers.base import PutData, PutMode, Tier, iter_buffers
 from mouthguard.tiers.posix import get_xattrs
 from mouthguard.tiers.throttle import ThrottledTier
 from tests.checkpoint.helpers import flip_byte
+from tests.fake_clock import FakeClock
 
 
 def _dir(store: mouthguard.Store, tier: str, run: str, step: int) -> Path:
@@ -131,23 +130,58 @@ def test_copying_yields_to_a_save_in_flight(two_tier: mouthguard.Store) -> None:
     mouthguard.Checkpointer(two_tier, run="r", background=False).save(
         1, {"w": torch.zeros(1 << 20)}
     )
-    gate = BurstGate()
+    clock = FakeClock()
+    gate = BurstGate(clock=clock)
     gate.save_started()
-    done = threading.Event()
+    durable = Path(two_tier.tier("durable").location())
+    written_meanwhile: list[int] = []
 
-    def copy() -> None:
-        copy_checkpoint(two_tier.tier("fast"), two_tier.tier("durable"), "r", 1, gate=gate)
-        done.set()
+    def save_finishes() -> None:
+        # The copy is parked before its first chunk: not a byte of it on the destination.
+        written_meanwhile.append(sum(p.stat().st_size for p in durable.rglob("*") if p.is_file()))
+        gate.save_finished()
 
-    worker = threading.Thread(target=copy)
-    worker.start()
-    time.sleep(0.4)
-    assert not done.is_set()
-    assert not (_dir(two_tier, "durable", "r", 1) / "manifest.json").exists()
-    gate.save_finished()
-    worker.join(timeout=30)
-    assert done.is_set()
-    assert gate.yielded_seconds >= 0.3
+    clock.call_later(7.5, save_finishes)
+    result = copy_checkpoint(two_tier.tier("fast"), two_tier.tier("durable"), "r", 1, gate=gate)
+    assert written_meanwhile == [0]
+    assert (_dir(two_tier, "durable", "r", 1) / "manifest.json").exists()
+    assert result.yielded_seconds == gate.yielded_seconds == 7.5
+
+
+def test_wait_protected_retries_until_the_copy_is_made(two_tier: mouthguard.Store) -> None:
+    mouthguard.Checkpointer(two_tier, run="r", background=False).save(1, {"w": torch.ones(8)})
+    clock = FakeClock()
+    replicator = Replicator(two_tier, clock=clock)
+    durable = two_tier.tier("durable")
+    attempts: list[float] = []
+    real_replicate = replicator.replicate
+
+    def replicate(
+        run: str, step: int, report: ReplicationReport | None = None
+    ) -> ReplicationReport:
+        attempts.append(clock.monotonic())
+        if len(attempts) < 3:  # the durable tier is unreachable for the first two attempts
+            return ReplicationReport(shortfalls=[Shortfall(run, step, f"{durable.name} down")])
+        return real_replicate(run, step, report)
+
+    replicator.replicate = replicate  # type: ignore[method-assign]
+    started = clock.monotonic()
+    assert replicator.wait_protected("r", 1, timeout=60.0)
+    assert [t - started for t in attempts] == [0.0, 0.5, 1.0]
+    assert clock.slept == [0.5, 0.5]
+
+
+def test_wait_protected_gives_up_at_the_timeout(tmp_path: Path) -> None:
+    from tests.jobs.conftest import make_store  # noqa: PLC0415
+
+    store = make_store(tmp_path / "one", ("fast", "node-a"), ("other", "node-a"))
+    mouthguard.Checkpointer(store, run="r", background=False).save(1, {"w": torch.ones(3)})
+    clock = FakeClock()
+    started = clock.monotonic()
+    # One failure domain: the placement can never be met.
+    assert not Replicator(store, clock=clock).wait_protected("r", 1, timeout=1.25)
+    assert clock.slept == [0.5, 0.5, 0.25]
+    assert clock.monotonic() - started == 1.25
 
 
 def _never(_: object) -> Iterator[bytes]:  # pragma: no cover - keeps Tier imported for typing

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 import mouthguard
 from mouthguard.jobs.service import service_for
 from tests.checkpoint.helpers import flip_byte
+from tests.fake_clock import FakeClock
 
 
 def _dir(store: mouthguard.Store, tier: str, step: int) -> Path:
@@ -94,10 +94,11 @@ def test_backlog_outlasting_the_save_interval_is_warned(
     from mouthguard.jobs.replicator import ReplicationReport  # noqa: PLC0415
     from mouthguard.jobs.service import BackgroundService  # noqa: PLC0415
 
-    service = BackgroundService(two_tier)  # not started: driven by hand
+    clock = FakeClock()
+    service = BackgroundService(two_tier, clock=clock)  # not started: driven by hand
     service.notify_commit("r", 1)
-    time.sleep(0.05)
-    service.notify_commit("r", 2)  # saves ~0.05 s apart
+    clock.advance(0.05)
+    service.notify_commit("r", 2)  # saves 0.05 s apart
     slow = CopyResult("r", 1, "fast", "durable", nbytes=64 << 20, seconds=8.0, yielded_seconds=0.0)
     with caplog.at_level("WARNING"):
         service._record(ReplicationReport(copies=[slow]))  # 8 MiB/s for 64 MiB: ~8 s per copy
@@ -107,3 +108,22 @@ def test_backlog_outlasting_the_save_interval_is_warned(
     fast = CopyResult("r", 2, "fast", "durable", nbytes=1 << 20, seconds=0.01, yielded_seconds=0.0)
     service._record(ReplicationReport(copies=[fast]))
     assert service.status().backlog_warning is None  # small backlogs are not a trend
+
+
+def test_wait_idle_gives_up_when_its_timeout_passes(two_tier: mouthguard.Store) -> None:
+    from mouthguard.jobs.service import BackgroundService  # noqa: PLC0415
+
+    clock = FakeClock()
+    service = BackgroundService(two_tier, clock=clock)  # not started: its first pass never runs
+    started = clock.monotonic()
+    assert not service.wait_idle(timeout=30.0)
+    assert clock.monotonic() - started == 30.0
+    assert max(clock.waited) <= 0.2  # polls, so a missed notification costs little
+
+
+def test_the_service_shares_its_clock(two_tier: mouthguard.Store) -> None:
+    from mouthguard.jobs.service import BackgroundService  # noqa: PLC0415
+
+    clock = FakeClock()
+    service = BackgroundService(two_tier, clock=clock)
+    assert service.gate.clock is clock and service.replicator.clock is clock

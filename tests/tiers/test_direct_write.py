@@ -23,16 +23,19 @@ from mouthguard.tiers.direct_write import (
     write_stream,
 )
 from mouthguard.tiers.local import LocalTier
+from tests.fake_clock import FakeClock
 
 
 def _payload(nbytes: int) -> bytes:
     return (bytes(range(256)) * (nbytes // 256 + 1))[:nbytes]
 
 
-def _write(path: Path, chunks: list[memoryview], **kwargs: bool) -> direct_write.WriteOutcome:
+def _write(
+    path: Path, chunks: list[memoryview], *, stable: bool = False, direct: bool = True
+) -> direct_write.WriteOutcome:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        return write_stream(fd, iter(chunks), **kwargs)
+        return write_stream(fd, iter(chunks), stable=stable, direct=direct)
     finally:
         os.close(fd)
 
@@ -174,24 +177,49 @@ def test_local_tier_reports_a_full_disk_and_leaves_nothing(tmp_path: Path) -> No
     assert list((tmp_path / "t" / "a").iterdir()) == []
 
 
-def test_a_slow_producer_reaches_the_disk_steadily(tmp_path: Path) -> None:
-    path = tmp_path / "f"
-    seen: list[int] = []
-    piece = _payload(64 * 1024)
+def _size_once_landed(path: Path, expected: int) -> int:
+    """The file's size once it reaches ``expected``, or what it is after 60 s.
 
-    def slow() -> Iterator[memoryview]:
-        for _ in range(6):
-            seen.append(path.stat().st_size)
+    Submitted writes land asynchronously (the pipeline's threads): this waits for
+    writes that must have been submitted, bounded only so that a failure ends.
+    With ``expected`` 0 it returns the size at once: exact when nothing was submitted.
+    """
+    deadline = time.monotonic() + 60
+    while (size := path.stat().st_size) < expected and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return size
+
+
+@pytest.mark.parametrize(
+    ("pause", "pieces_on_disk_before_each"),
+    [
+        # Slow: once a piece arrives more than FLUSH_AFTER_SECONDS after the block began
+        # to fill, what is aligned is written at once (from the second piece on).
+        (direct_write.FLUSH_AFTER_SECONDS * 1.5, [0, 0, 2, 3, 4, 5]),
+        # Fast: far less than a block, so nothing is written before the stream ends.
+        (0.0, [0, 0, 0, 0, 0, 0]),
+    ],
+    ids=["slow", "fast"],
+)
+def test_a_slow_producer_reaches_the_disk_steadily(
+    tmp_path: Path, pause: float, pieces_on_disk_before_each: list[int]
+) -> None:
+    path = tmp_path / "f"
+    piece = _payload(64 * 1024)
+    clock = FakeClock()
+    seen: list[int] = []
+
+    def producer() -> Iterator[memoryview]:
+        for pieces in pieces_on_disk_before_each:
+            seen.append(_size_once_landed(path, pieces * len(piece)) // len(piece))
             yield memoryview(piece)
-            time.sleep(direct_write.FLUSH_AFTER_SECONDS * 1.5)
+            clock.advance(pause)
 
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        outcome = write_stream(fd, slow(), direct=True)
+        outcome = write_stream(fd, producer(), direct=True, clock=clock)
     finally:
         os.close(fd)
+    assert seen == pieces_on_disk_before_each
     assert outcome.size == 6 * len(piece)
     assert path.read_bytes() == piece * 6
-    # Far less than a block was produced, yet bytes landed before the stream ended.
-    assert seen[0] == 0
-    assert 0 < seen[-1] < outcome.size

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from mouthguard.tiers.faults import (
 )
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
+from tests.fake_clock import FakeClock
 
 from .conformance import TierConformance, payload
 
@@ -216,11 +216,11 @@ def test_fsync_failure_after_the_inner_put() -> None:
 
 
 def test_delays() -> None:
-    tier = FaultyTier(MemoryTier(), FaultPlan(delay=1.0, delay_seconds=0.02))
-    started = time.monotonic()
+    clock = FakeClock()
+    tier = FaultyTier(MemoryTier(), FaultPlan(delay=1.0, delay_seconds=0.02), clock=clock)
     tier.put("a", b"x")
-    tier.get("a")
-    assert time.monotonic() - started >= 0.04
+    assert tier.get("a") == b"x"
+    assert clock.slept == [0.02, 0.02]
     assert tier.injected == {"delay": 2}
 
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, iter_buffe
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
 from mouthguard.tiers.throttle import MAX_PIECE_BYTES, ThrottledTier
+from tests.fake_clock import FakeClock
 
 from .conformance import MiB, TierConformance, payload
 
@@ -46,21 +46,57 @@ class RecordingTier(MemoryTier):
 
 
 def test_paces_writes() -> None:
-    tier = ThrottledTier(MemoryTier(), 10e6)
-    started = time.monotonic()
+    clock = FakeClock()
+    tier = ThrottledTier(MemoryTier(), 10e6, clock=clock)
+    started = clock.monotonic()
     tier.put("blob", payload(2_000_000))
-    elapsed = time.monotonic() - started
-    # 2 MB at 10 MB/s is 0.2 s; only a generous lower bound (machines can be slow).
-    assert elapsed >= 0.15
+    # 2 MB at 10 MB/s: 0.2 s, slept one piece (at most 1 MiB) at a time.
+    assert math.isclose(clock.monotonic() - started, 0.2)
+    assert len(clock.slept) == math.ceil(2_000_000 / MAX_PIECE_BYTES)
+    assert max(clock.slept) <= MAX_PIECE_BYTES / 10e6
 
 
 def test_paced_stream_of_many_chunks() -> None:
     data = payload(3 * MiB + 5, seed=3)
-    tier = ThrottledTier(MemoryTier(), 30 * MiB)
-    started = time.monotonic()
+    clock = FakeClock()
+    tier = ThrottledTier(MemoryTier(), 30 * MiB, clock=clock)
+    started = clock.monotonic()
     tier.put("blob", (data[i : i + 100_000] for i in range(0, len(data), 100_000)))
-    assert time.monotonic() - started >= 0.08  # 0.1 s nominal
+    assert math.isclose(clock.monotonic() - started, len(data) / (30 * MiB))  # ~0.1 s
     assert tier.get("blob") == data
+
+
+class _DiskOnClock(MemoryTier):
+    """A memory tier that takes ``nbytes / rate`` seconds of ``clock`` to store each chunk."""
+
+    def __init__(self, clock: FakeClock, rate: float) -> None:
+        super().__init__()
+        self.clock, self.rate = clock, rate
+
+    def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
+        def written() -> Iterator[memoryview]:
+            for chunk in iter_buffers(data):
+                yield chunk
+                self.clock.advance(chunk.nbytes / self.rate)
+
+        return super().put(key, written(), mode=mode)
+
+
+def test_time_spent_by_the_inner_tier_counts_towards_the_budget() -> None:
+    """A slow disk is not slowed down twice: pacing sleeps only what is left."""
+    clock = FakeClock()
+    tier = ThrottledTier(_DiskOnClock(clock, 20e6), 10e6, clock=clock)
+    started = clock.monotonic()
+    tier.put("blob", payload(2_000_000))
+    # 0.1 s writing plus 0.1 s asleep: 10 MB/s overall, not 0.1 s + 0.2 s.
+    assert math.isclose(clock.monotonic() - started, 0.2)
+    assert math.isclose(sum(clock.slept), 0.1)
+
+
+def test_a_tier_slower_than_the_rate_is_never_slept_on() -> None:
+    clock = FakeClock()
+    ThrottledTier(_DiskOnClock(clock, 5e6), 10e6, clock=clock).put("blob", payload(2_000_000))
+    assert clock.slept == []
 
 
 def test_splits_large_chunks_into_pieces() -> None:

@@ -8,13 +8,17 @@ burst (``save_started``/``save_finished``) or announce it ahead of time
 
 Thread-safe. Never blocks a saver; only background work waits, and always with
 a bound so a forgotten ``save_finished`` cannot stall replication forever.
+
+Time comes from the gate's :class:`~mouthguard.tiers.clock.Clock` (the real one
+by default), so tests drive announcements and bounded waits without sleeping.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
+
+from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 
 #: Start yielding this long before an announced save.
 ANNOUNCE_LEAD_SECONDS = 2.0
@@ -32,9 +36,15 @@ class Announcement:
 
 
 class BurstGate:
-    """Shared signal between savers (foreground) and copiers (background)."""
+    """Shared signal between savers (foreground) and copiers (background).
 
-    def __init__(self) -> None:
+    Args:
+        clock: where announcements, bounds and waited seconds are measured
+            (the real clock by default; a fake one in tests).
+    """
+
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self._cond = threading.Condition()
         self._active = 0
         self._announcement: Announcement | None = None
@@ -54,7 +64,7 @@ class BurstGate:
 
     def announce(self, seconds_until_save: float, nbytes: int) -> None:
         """Say that a save of ``nbytes`` will start in ``seconds_until_save`` seconds."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._cond:
             self._announcement = Announcement(now + max(0.0, seconds_until_save), nbytes, now)
             self._cond.notify_all()
@@ -69,7 +79,7 @@ class BurstGate:
     def busy(self) -> bool:
         """Whether background I/O should yield right now."""
         with self._cond:
-            return self._busy(time.monotonic())
+            return self._busy(self.clock.monotonic())
 
     def _busy(self, now: float) -> bool:
         if self._active:
@@ -84,12 +94,12 @@ class BurstGate:
 
     def wait(self, timeout: float = MAX_YIELD_SECONDS) -> float:
         """Block while a save is in flight or imminent; return the seconds waited."""
-        start = time.monotonic()
+        start = self.clock.monotonic()
         deadline = start + timeout
         with self._cond:
-            while self._busy(now := time.monotonic()) and now < deadline:
-                self._cond.wait(timeout=min(0.25, deadline - now))
-            waited = time.monotonic() - start
+            while self._busy(now := self.clock.monotonic()) and now < deadline:
+                self.clock.wait(self._cond, min(0.25, deadline - now))
+            waited = self.clock.monotonic() - start
             self._yielded_seconds += waited
             return waited
 

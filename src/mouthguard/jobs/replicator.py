@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -42,6 +41,7 @@ from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.placement import Placement, plan_placement, protection_status
 from mouthguard.tiers.base import Tier
+from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -82,14 +82,21 @@ class Replicator:
         store: the store whose tiers are managed.
         policy: importance policy (defaults to DESIGN's table).
         gate: burst gate shared with the savers of this process.
+        clock: what :meth:`wait_protected` waits on (the real clock by default).
     """
 
     def __init__(
-        self, store: Store, policy: PolicyConfig | None = None, gate: BurstGate | None = None
+        self,
+        store: Store,
+        policy: PolicyConfig | None = None,
+        gate: BurstGate | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
         self.policy = policy or PolicyConfig()
-        self.gate = gate or BurstGate()
+        self.gate = gate or BurstGate(clock=clock)
+        self.clock = clock
 
     def placement(self, view: CheckpointView) -> Placement:
         """The policy's placement for a checkpoint, on this store's tiers."""
@@ -332,15 +339,19 @@ class Replicator:
         return report
 
     def wait_protected(self, run: str, step: int, timeout: float) -> bool:
-        """Replicate ``run``/``step`` in this thread until protected or ``timeout`` passes."""
-        deadline = time.monotonic() + timeout
+        """Replicate ``run``/``step`` in this thread until protected or ``timeout`` passes.
+
+        One attempt at least, then one every half second (on :attr:`clock`) while
+        time is left; True as soon as an attempt leaves the checkpoint protected.
+        """
+        deadline = self.clock.monotonic() + timeout
         while True:
             report = self.replicate(run, step)
             if report.protected:
                 return True
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 return False
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            self.clock.sleep(min(0.5, max(0.0, deadline - self.clock.monotonic())))
 
 
 def _damage_confirmed(ref: CopyRef) -> bool:

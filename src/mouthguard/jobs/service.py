@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.replicator import ReplicationReport, Replicator
 from mouthguard.jobs.retention import apply_retention
 from mouthguard.jobs.scrub import DEFAULT_MAX_AGE_SECONDS, scrub
+from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ class BackgroundService:
             is then left to the agent).
         scrub_interval: seconds between scrub passes (None: never).
         scrub_max_age: a copy is re-read once its receipt is this old.
+        clock: the schedule's clock, shared with the burst gate and the
+            replicator (the real one by default; tests drive a fake one).
     """
 
     def __init__(
@@ -75,15 +77,17 @@ class BackgroundService:
         retention_interval: float | None = DEFAULT_RETENTION_INTERVAL_SECONDS,
         scrub_interval: float | None = DEFAULT_SCRUB_INTERVAL_SECONDS,
         scrub_max_age: float = DEFAULT_MAX_AGE_SECONDS,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
+        self.clock = clock
         self.retention_interval = retention_interval
         self.scrub_interval = scrub_interval
         self.scrub_max_age = scrub_max_age
-        self._next_scrub = time.monotonic() + (scrub_interval or 0.0)
-        self._next_retention = time.monotonic() + (retention_interval or 0.0)
-        self.gate = BurstGate()
-        self.replicator = Replicator(store, store.policy, self.gate)
+        self._next_scrub = clock.monotonic() + (scrub_interval or 0.0)
+        self._next_retention = clock.monotonic() + (retention_interval or 0.0)
+        self.gate = BurstGate(clock=clock)
+        self.replicator = Replicator(store, store.policy, self.gate, clock=clock)
         self.interval = interval
         self._cond = threading.Condition()
         self._queue: deque[tuple[str, int]] = deque()
@@ -125,7 +129,7 @@ class BackgroundService:
 
     def notify_commit(self, run: str, step: int) -> None:
         """A checkpoint committed: replicate it soon (newest commits first)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._cond:
             if self._last_commit is not None:
                 gap = now - self._last_commit
@@ -135,14 +139,14 @@ class BackgroundService:
             self._cond.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
-        """Block until nothing is queued or being copied; False on timeout."""
-        deadline = time.monotonic() + timeout
+        """Block until nothing is queued or being copied; False once ``timeout`` passed."""
+        deadline = self.clock.monotonic() + timeout
         with self._cond:
             while self._queue or self._busy or self._full_pass_pending:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     return False
-                self._cond.wait(min(remaining, 0.2))
+                self.clock.wait(self._cond, min(remaining, 0.2))
             return True
 
     def status(self) -> ServiceStatus:
@@ -162,11 +166,13 @@ class BackgroundService:
     # --- the thread ------------------------------------------------------------
 
     def _loop(self) -> None:
-        next_pass = time.monotonic()
+        next_pass = self.clock.monotonic()
         while True:
             with self._cond:
-                while not self._stop and not self._queue and time.monotonic() < next_pass:
-                    self._cond.wait(min(1.0, max(0.0, next_pass - time.monotonic())))
+                while not self._stop and not self._queue and self.clock.monotonic() < next_pass:
+                    self.clock.wait(
+                        self._cond, min(1.0, max(0.0, next_pass - self.clock.monotonic()))
+                    )
                 if self._stop:
                     return
                 item = self._queue.popleft() if self._queue else None
@@ -176,7 +182,7 @@ class BackgroundService:
                     report = self.replicator.replicate(*item)
                 else:
                     report = self.replicator.run_once()
-                    next_pass = time.monotonic() + self.interval
+                    next_pass = self.clock.monotonic() + self.interval
                     with self._cond:
                         self._full_pass_pending = False
                 self._record(report)
@@ -190,9 +196,9 @@ class BackgroundService:
                     self._cond.notify_all()
 
     def _maybe_apply_retention(self) -> None:
-        if self.retention_interval is None or time.monotonic() < self._next_retention:
+        if self.retention_interval is None or self.clock.monotonic() < self._next_retention:
             return
-        self._next_retention = time.monotonic() + self.retention_interval
+        self._next_retention = self.clock.monotonic() + self.retention_interval
         report = apply_retention(self.store, self.store.policy)
         if report.count("trash") or report.count("purge") or report.count("demote"):
             log.info(
@@ -203,9 +209,9 @@ class BackgroundService:
             )
 
     def _maybe_scrub(self) -> None:
-        if self.scrub_interval is None or time.monotonic() < self._next_scrub:
+        if self.scrub_interval is None or self.clock.monotonic() < self._next_scrub:
             return
-        self._next_scrub = time.monotonic() + self.scrub_interval
+        self._next_scrub = self.clock.monotonic() + self.scrub_interval
         report = scrub(self.store, max_age_seconds=self.scrub_max_age, gate=self.gate)
         for damaged in report.damaged:
             self.notify_commit(damaged.run, damaged.step)  # make a new copy

@@ -39,12 +39,12 @@ import fcntl
 import mmap
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 from mouthguard.tiers.io_pool import IOPool
 
 #: Alignment of O_DIRECT buffers, offsets and lengths (covers 512 B and 4 KiB sectors).
@@ -224,7 +224,12 @@ class _Pipeline:
 
 
 def write_stream(
-    fd: int, chunks: Iterable[memoryview], *, stable: bool = False, direct: bool = True
+    fd: int,
+    chunks: Iterable[memoryview],
+    *,
+    stable: bool = False,
+    direct: bool = True,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> WriteOutcome:
     """Write ``chunks`` to ``fd`` from offset 0, aligned and pipelined (see module doc).
 
@@ -233,6 +238,8 @@ def write_stream(
         chunks: byte-format contiguous memoryviews, written in order.
         stable: the chunks stay valid until this returns (may be written in place).
         direct: try O_DIRECT (False: buffered writes through the same pipeline).
+        clock: measures how long a partly filled block has waited for
+            :data:`FLUSH_AFTER_SECONDS` (the real clock by default).
 
     Raises:
         WriteError: a write failed (e.g. ENOSPC); whatever ``chunks`` raises propagates.
@@ -252,14 +259,14 @@ def write_stream(
                     offset, view = offset + n, view[n:]
                     continue
                 if block is None:
-                    block, filled, started = BOUNCE_BUFFERS.take(), 0, time.monotonic()
+                    block, filled, started = BOUNCE_BUFFERS.take(), 0, clock.monotonic()
                 n = min(BLOCK_BYTES - filled, view.nbytes)
                 copy_into(block, filled, view[:n])
                 filled, view = filled + n, view[n:]
                 if filled == BLOCK_BYTES:
                     pipeline.submit(offset, memoryview(block), block)
                     offset, block, filled = offset + BLOCK_BYTES, None, 0
-                elif filled >= ALIGN and time.monotonic() - started > FLUSH_AFTER_SECONDS:
+                elif filled >= ALIGN and clock.monotonic() - started > FLUSH_AFTER_SECONDS:
                     # A slow producer (a throttled link, a remote source): write what
                     # is aligned now rather than hold it until the block fills.
                     aligned = filled - filled % ALIGN
@@ -267,7 +274,7 @@ def write_stream(
                     copy_into(spill, 0, memoryview(block)[aligned:filled])
                     pipeline.submit(offset, memoryview(block)[:aligned], block)
                     offset, block, filled = offset + aligned, spill, filled - aligned
-                    started = time.monotonic()
+                    started = clock.monotonic()
         size = offset + filled
         if block is not None:
             # The tail: padded to the alignment for O_DIRECT, truncated back below.

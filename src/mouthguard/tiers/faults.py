@@ -42,7 +42,6 @@ import dataclasses
 import math
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
+from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 
 #: Fault kinds with a rate, in the order the spec string lists them.
 KINDS = ("error", "enospc", "torn", "short", "flip", "fsync", "delay")
@@ -229,6 +229,7 @@ class FaultyTier(Tier):
             of operations inject the same faults.
         confine_to: if set, writes to keys outside this prefix are refused
             (:class:`ConfinementError`) and recorded in :attr:`outside`.
+        clock: what injected delays sleep on (the real clock by default).
 
     Attributes:
         injected: how many faults of each kind were injected.
@@ -238,11 +239,18 @@ class FaultyTier(Tier):
     """
 
     def __init__(
-        self, inner: Tier, plan: FaultPlan, *, seed: int = 0, confine_to: str | None = None
+        self,
+        inner: Tier,
+        plan: FaultPlan,
+        *,
+        seed: int = 0,
+        confine_to: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         super().__init__(inner.name, inner.domain)
         self.inner = inner
         self.plan = plan
+        self.clock = clock
         self.confine_to = confine_to
         self.injected: Counter[str] = Counter()
         self.events: builtins.list[FaultEvent] = []
@@ -272,7 +280,7 @@ class FaultyTier(Tier):
         """Delay and error injection common to every operation."""
         if self._hit(self.plan.delay, op, key):
             self._record("delay", op, key)
-            time.sleep(self.plan.delay_seconds)
+            self.clock.sleep(self.plan.delay_seconds)
         if self._hit(self.plan.error, op, key):
             self._record("error", op, key)
             raise InjectedFaultError(f"injected I/O error in {op} {key!r} on tier {self.name!r}")

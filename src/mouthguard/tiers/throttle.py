@@ -16,10 +16,10 @@ Because the inner tier does the actual writing, every guarantee it gives
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 
 from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, iter_buffers
+from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 from mouthguard.tiers.wrapper import WrappedTier
 
 #: Largest piece handed to the inner tier at once; keeps the pacing smooth, so a
@@ -40,12 +40,15 @@ class ThrottledTier(WrappedTier):
     Args:
         inner: the tier that stores the bytes.
         write_bytes_per_second: the write bandwidth to simulate; finite and > 0.
+        clock: the clock the pacing reads and sleeps on (the real one by default).
 
     Raises:
         ValueError: ``write_bytes_per_second`` is not a finite positive number.
     """
 
-    def __init__(self, inner: Tier, write_bytes_per_second: float) -> None:
+    def __init__(
+        self, inner: Tier, write_bytes_per_second: float, *, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         rate = float(write_bytes_per_second)
         if not (math.isfinite(rate) and rate > 0):
             raise ValueError(
@@ -54,6 +57,7 @@ class ThrottledTier(WrappedTier):
             )
         super().__init__(inner)
         self.write_bytes_per_second = rate
+        self.clock = clock
 
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Store ``data`` through the inner tier, no faster than the configured rate.
@@ -64,7 +68,7 @@ class ThrottledTier(WrappedTier):
         return self.inner.put(key, self._paced(data), mode=mode)
 
     def _paced(self, data: PutData) -> Iterator[memoryview]:
-        started = time.monotonic()
+        started = self.clock.monotonic()
         sent = 0
         for chunk in iter_buffers(data):
             for start in range(0, chunk.nbytes, MAX_PIECE_BYTES):
@@ -74,9 +78,9 @@ class ThrottledTier(WrappedTier):
                 # n / rate seconds in total, including the final piece. Each sleep
                 # is bounded by MAX_PIECE_BYTES / rate.
                 sent += piece.nbytes
-                delay = started + sent / self.write_bytes_per_second - time.monotonic()
+                delay = started + sent / self.write_bytes_per_second - self.clock.monotonic()
                 if delay > 0:
-                    time.sleep(delay)
+                    self.clock.sleep(delay)
 
     def __repr__(self) -> str:
         return (
