@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mouthguard
-from mouthguard.checkpoint.verification import CopyTarget, verify_target
+from mouthguard.checkpoint.sidecars import CopyRef
+from mouthguard.checkpoint.verification import verify_and_record
 from mouthguard.dcp.reader import Reader
 from mouthguard.errors import MouthguardError
 from mouthguard.jobs.replicator import Replicator
@@ -123,7 +124,7 @@ def _operate(env: E2E, case: Case, ctx: Context, run: str, step: int) -> str | N
                 )
                 if problem:
                     return problem
-        report = verify_target(CopyTarget(run, step, env.store.fast), record_receipt=True)
+        report = verify_and_record(CopyRef(env.store.fast, run, step))
         if report.ok and case.target == "e2e" and changed_without_seal(case, ctx.seeds):
             return ACCEPTED_CORRUPT + f"{case.mode}: verify passed a damaged copy"
         if case.meta.get("seed") == "dcp":

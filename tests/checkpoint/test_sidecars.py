@@ -82,11 +82,11 @@ def test_trash_marks_and_damaged_marks_restart_the_delay(
 def test_receipt_vouches_only_for_its_manifest(
     store: mouthguard.Store, ckpt: mouthguard.Checkpointer
 ) -> None:
-    from mouthguard.checkpoint.verification import find_copies, verify_target  # noqa: PLC0415
+    from mouthguard.checkpoint.verification import find_copies, verify_and_record  # noqa: PLC0415
 
     ckpt.save(1, {"w": torch.ones(2)})
     (target,) = find_copies(store, "r", 1)
-    assert verify_target(target).ok
+    assert verify_and_record(target).ok
     ref = CopyRef(store.fast, "r", 1)
     assert read_sidecars(ref).verified_at is not None
     manifest = step_path(store, "r", 1) / "manifest.json"
@@ -101,23 +101,23 @@ def test_sidecars_do_not_disturb_verification_or_loading(
     ckpt.hold(1, "a")
     ckpt.set_importance(1, "milestone")
     assert torch.equal(ckpt.load().state["w"], torch.arange(3))  # type: ignore[index]
-    from mouthguard.checkpoint.verification import find_copies, verify_target  # noqa: PLC0415
+    from mouthguard.checkpoint.verification import find_copies, verify_and_record  # noqa: PLC0415
 
-    assert all(verify_target(t).ok for t in find_copies(store))
+    assert all(verify_and_record(t).ok for t in find_copies(store))
 
 
 def test_every_sidecar_is_sealed_and_a_flipped_byte_is_caught(
     ckpt: mouthguard.Checkpointer, store: mouthguard.Store
 ) -> None:
     from mouthguard.checkpoint.sidecars import check_sidecars  # noqa: PLC0415
-    from mouthguard.checkpoint.verification import find_copies, verify_target  # noqa: PLC0415
+    from mouthguard.checkpoint.verification import find_copies, verify_and_record  # noqa: PLC0415
     from mouthguard.format.sealed import unseal  # noqa: PLC0415
 
     ckpt.save(1, {"w": torch.ones(2)})
     ckpt.hold(1, "legal", reason="audit")
     ckpt.set_importance(1, "milestone")
     (target,) = find_copies(store, "r", 1)
-    assert verify_target(target).ok
+    assert verify_and_record(target).ok
     ref = CopyRef(store.fast, "r", 1)
     names = sorted(p.name for p in step_path(store, "r", 1).glob("sidecar.*.json"))
     assert names == ["sidecar.hold.legal.json", "sidecar.importance.json", "sidecar.verified.json"]

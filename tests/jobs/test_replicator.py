@@ -70,17 +70,36 @@ def test_single_domain_store_reports_the_shortfall(tmp_path: Path) -> None:
     assert report.shortfalls and "domain" in report.shortfalls[0].reason
 
 
-def test_a_damaged_source_is_set_aside_never_copied(two_tier: mouthguard.Store) -> None:
+def test_a_damaged_only_copy_is_never_copied_nor_hidden(two_tier: mouthguard.Store) -> None:
     ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
     ckpt.save(1, {"w": torch.arange(5000.0)})
     flip_byte(_dir(two_tier, "fast", "r", 1) / "rank-00000.safetensors", -3)
     report = Replicator(two_tier).run_once()
     assert report.copies == []
-    assert any("damaged" in s.reason for s in report.shortfalls)
+    assert any("no intact copy to repair from: kept" in s.reason for s in report.shortfalls)
     assert not (_dir(two_tier, "durable", "r", 1)).exists()
     run_dir = _dir(two_tier, "fast", "r", 1).parent
-    assert [p.name.split(".")[1].split("-")[0] for p in run_dir.iterdir()] == ["rejected"]
-    assert ckpt.list() == []
+    assert [p.name for p in run_dir.iterdir()] == ["000000000001"]  # nothing set aside
+    (info,) = ckpt.list()
+    assert info.state == "damaged" and "checksum" in info.copies[0].damage.lower()
+
+
+def test_a_damaged_copy_is_set_aside_and_replaced_when_another_is_intact(
+    two_tier: mouthguard.Store,
+) -> None:
+    ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
+    ckpt.save(1, {"w": torch.arange(5000.0)}, importance="milestone")
+    assert Replicator(two_tier).run_once().protected == 1
+    flip_byte(_dir(two_tier, "fast", "r", 1) / "rank-00000.safetensors", -3)
+    with pytest.warns(mouthguard.errors.CheckpointFallbackWarning):
+        ckpt.load()  # reads the fast copy, finds the damage, reports it
+    report = Replicator(two_tier).run_once()
+    assert report.protected == 1 and [c.destination for c in report.copies] == ["fast"]
+    names = sorted(
+        p.name.split(".")[-1].split("-")[0] for p in _dir(two_tier, "fast", "r", 1).parent.iterdir()
+    )
+    assert names == ["000000000001", "rejected"]
+    assert torch.equal(ckpt.load().state["w"], torch.arange(5000.0))  # type: ignore[index]
 
 
 def test_copy_source_damage_is_a_distinct_error(two_tier: mouthguard.Store) -> None:

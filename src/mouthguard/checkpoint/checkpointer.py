@@ -13,8 +13,14 @@ from typing import TYPE_CHECKING, Any
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
 from mouthguard.checkpoint.committer import RankWriter, SaveRequest, save_copy
-from mouthguard.checkpoint.facts import gather, tier_facts
-from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
+from mouthguard.checkpoint.facts import gather, tier_facts, unreadable_copies
+from mouthguard.checkpoint.info import (
+    CheckpointInfo,
+    CopyInfo,
+    LoadedCheckpoint,
+    Rejection,
+    UnreadableCheckpoint,
+)
 from mouthguard.checkpoint.loading import Loader
 from mouthguard.checkpoint.ranks import detect_ranks
 from mouthguard.checkpoint.reader import read_manifest
@@ -369,8 +375,10 @@ class Checkpointer:
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints with a readable manifest, ascending by step.
 
-        A step directory without a manifest is invisible. A committed checkpoint
-        whose manifest is damaged on every tier is left out (``verify`` reports it).
+        A step directory without a manifest is invisible. A checkpoint whose
+        every copy is damaged is listed with state ``damaged``; one whose manifest
+        is damaged on every tier cannot be described here and is listed by
+        :meth:`unreadable` instead.
         """
         infos = []
         for step in self.steps():
@@ -392,9 +400,8 @@ class Checkpointer:
             if missing_ok:
                 return None
             raise CheckpointNotFoundError(f"no readable checkpoint {self.run} step {step}")
-        for tier, reason in view.damaged:
-            log.warning("%s step %d on tier %s: %s", self.run, step, tier.name, reason)
         prefix = catalog.checkpoint_prefix(self.run, step)
+        damage = {name: side.damage for name, side in view.sidecars if side.damage}
         copies = tuple(
             CopyInfo(
                 tier=c.tier,
@@ -402,20 +409,55 @@ class Checkpointer:
                 verified=c.verified,
                 verified_at=_datetime(c.verified_at),
                 trashed_at=_datetime(c.trashed_at),
+                damage=damage.get(c.tier, ""),
             )
             for c in view.facts.copies
+        ) + tuple(
+            CopyInfo(tier=t.name, location=t.location(prefix), damage=f"manifest: {reason}")
+            for t, reason in view.damaged
         )
+        for tier, reason in view.unreachable:
+            log.warning("%s step %d on tier %s: %s", self.run, step, tier.name, reason)
         placement = plan_placement(view.facts.importance, tier_facts(self.store), self.store.policy)
         protection = protection_status(view.facts, placement)
         trashed = bool(copies) and all(c.trashed_at is not None for c in copies)
+        state: str = protection.state
+        missing = protection.missing
+        if all(c.damage for c in copies):
+            state = "damaged"
+            missing = ("every copy is damaged: " + _damage_line(copies), *missing)
         return CheckpointInfo.from_manifest(
             view.manifest,
             copies,
             importance=view.facts.importance,
             holds=view.holds,
-            state="trashed" if trashed else protection.state,
-            protection=protection.missing,
+            state="trashed" if trashed else state,
+            protection=missing,
         )
+
+    def unreadable(self) -> builtins.list[UnreadableCheckpoint]:
+        """Committed checkpoints whose manifest is proven damaged on every tier holding it.
+
+        :meth:`list` cannot describe them (their importance, size and time are in
+        the unreadable manifest); they are never loaded, copied or deleted
+        automatically, and stay listed here until an operator acts.
+        """
+        found = []
+        prefix_of = catalog.checkpoint_prefix
+        for step in self.steps():
+            copies = unreadable_copies(self.store, self.run, step)
+            if copies:
+                found.append(
+                    UnreadableCheckpoint(
+                        self.run,
+                        step,
+                        tuple(
+                            CopyInfo(t.name, t.location(prefix_of(self.run, step)), damage=why)
+                            for t, why in copies
+                        ),
+                    )
+                )
+        return found
 
     # --- mutable facts ---------------------------------------------------------
 
@@ -522,6 +564,10 @@ class Checkpointer:
             catalog.collect_partial_saves(tier, self.run, grace_seconds=grace_seconds)
             for tier in self.store.tiers
         ]
+
+
+def _damage_line(copies: tuple[CopyInfo, ...]) -> str:
+    return "; ".join(f"{c.tier}: {c.damage}" for c in copies)
 
 
 def _reference_json(reference: Mapping[str, object] | None) -> JsonValue:

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.quarantine import set_aside
+from mouthguard.checkpoint.quarantine import SetAside, set_aside_confirmed
 from mouthguard.checkpoint.ranks import RankGroup
-from mouthguard.checkpoint.reader import read_manifest, verify_copy
 from mouthguard.checkpoint.sidecars import CopyRef
+from mouthguard.checkpoint.verification import verify_and_record
 from mouthguard.checkpoint.writer import (
     commit_bytes,
     framework_versions,
@@ -166,18 +166,28 @@ def clear_the_way(tier: Tier, run: str, step: int) -> str:
     """Refuse a valid existing ``step``, set a damaged one aside; return a new txn id.
 
     A resumed run that fell back past a damaged checkpoint saves that step again:
-    the damaged copy is moved out of the way (kept for inspection where the tier
-    can rename) so the new save can commit.
+    the damaged copy is moved out of the way (bytes kept for inspection) once a
+    second read confirms the damage, so the new save can commit.
+
+    Raises:
+        CheckpointExistsError: the step is committed and reads back intact.
+        TierError: the existing copy cannot be read now (timeout, dead store):
+            nothing is touched and nothing is saved.
     """
     if tier.exists(catalog.manifest_key(run, step)):
-        prefix = catalog.checkpoint_prefix(run, step)
-        try:
-            verify_copy(tier, prefix, read_manifest(tier, run, step))
-        except MouthguardError as exc:
-            if tier.exists(catalog.manifest_key(run, step)):
-                set_aside(CopyRef(tier, run, step), str(exc))
-        else:
+        ref = CopyRef(tier, run, step)
+        verdict = verify_and_record(ref)
+        if verdict.ok:
             raise CheckpointExistsError(f"checkpoint {run} step {step} already exists")
+        if not verdict.damaged:
+            raise TierError(
+                f"cannot save {run} step {step}: the copy already committed on "
+                f"{tier.name!r} cannot be verified now ({verdict.reason}); it was left as it is"
+            )
+        if set_aside_confirmed(ref, verdict.reason) is SetAside.NOT_CONFIRMED:
+            raise CheckpointExistsError(
+                f"checkpoint {run} step {step} already exists (a second read found it intact)"
+            )
     return new_transaction_id()
 
 

@@ -14,7 +14,7 @@ from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.reader import read_manifest
 from mouthguard.checkpoint.sidecars import CopyRef, Sidecars, read_sidecars
 from mouthguard.checkpoint.store import Store
-from mouthguard.errors import MouthguardError
+from mouthguard.errors import MouthguardError, is_data_damage
 from mouthguard.format.manifest import Manifest
 from mouthguard.policy.facts import CheckpointFacts, CopyFacts, TierFacts
 from mouthguard.policy.importance import Importance
@@ -46,9 +46,10 @@ class CheckpointView:
     facts: CheckpointFacts
     manifest: Manifest
     readable: tuple[Tier, ...]  # tiers whose manifest parsed (copy sources)
-    damaged: tuple[tuple[Tier, str], ...]  # tiers whose committed copy is unreadable
+    damaged: tuple[tuple[Tier, str], ...]  # tiers whose committed manifest is proven damaged
     holds: tuple[str, ...] = ()  # names of the holds on any copy
     sidecars: tuple[tuple[str, Sidecars], ...] = ()  # (tier name, its copy's facts)
+    unreachable: tuple[tuple[Tier, str], ...] = ()  # tiers whose manifest cannot be read now
 
 
 def _ts(value: dt.datetime | None) -> float | None:
@@ -61,6 +62,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
     copies: list[CopyFacts] = []
     readable: list[Tier] = []
     damaged: list[tuple[Tier, str]] = []
+    unreachable: list[tuple[Tier, str]] = []
     holds: set[str] = set()
     per_copy: list[tuple[str, Sidecars]] = []
     changes: list[tuple[dt.datetime, Importance]] = []
@@ -70,7 +72,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         try:
             found = read_manifest(tier, run, step)
         except MouthguardError as exc:
-            damaged.append((tier, str(exc)))
+            (damaged if is_data_damage(exc) else unreachable).append((tier, str(exc)))
             continue
         manifest = manifest or found
         readable.append(tier)
@@ -104,8 +106,37 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         copies=tuple(copies),
     )
     return CheckpointView(
-        facts, manifest, tuple(readable), tuple(damaged), tuple(sorted(holds)), tuple(per_copy)
+        facts,
+        manifest,
+        tuple(readable),
+        tuple(damaged),
+        tuple(sorted(holds)),
+        tuple(per_copy),
+        tuple(unreachable),
     )
+
+
+def unreadable_copies(store: Store, run: str, step: int) -> list[tuple[Tier, str]]:
+    """The copies of ``run``/``step`` when it is committed but no manifest can be read.
+
+    Each entry is a copy whose manifest is proven damaged, with the reason.
+    Empty when any tier's manifest reads (see :func:`gather`), when nothing is
+    committed, or when a tier holding it cannot be read now: an unreachable copy
+    may be intact, so nothing is concluded until it answers.
+    """
+    found: list[tuple[Tier, str]] = []
+    for tier in store.tiers:
+        try:
+            if not tier.exists(catalog.manifest_key(run, step)):
+                continue
+            read_manifest(tier, run, step)
+        except MouthguardError as exc:
+            if not is_data_damage(exc):
+                return []
+            found.append((tier, str(exc)))
+            continue
+        return []  # one readable manifest: gather() describes it
+    return found
 
 
 def _metrics(manifest: Manifest) -> dict[str, float]:

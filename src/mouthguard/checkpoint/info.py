@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from mouthguard.format.manifest import FileRecord, Manifest
 from mouthguard.format.typed_json import JsonValue
@@ -17,8 +18,13 @@ class CopyInfo:
     Attributes:
         tier: the tier's name.
         location: the directory path or URL prefix holding the copy's files.
-        verified: a read-back verification of this copy has succeeded.
+        verified: a read-back verification of this copy has succeeded (and no
+            damage was reported since).
         verified_at: when that verification happened, if ever.
+        trashed_at: when retention put this copy in the trash, if it did.
+        damage: why this copy is damaged ("" when no reader found damage): its
+            manifest cannot be read, or a reader (load, verify, scrub) recorded a
+            damage report that no later verification withdrew.
     """
 
     tier: str
@@ -26,6 +32,7 @@ class CopyInfo:
     verified: bool = False
     verified_at: dt.datetime | None = None
     trashed_at: dt.datetime | None = None
+    damage: str = ""
 
     def to_json(self) -> dict[str, JsonValue]:
         """JSON form used by ``mouthguard show --json``."""
@@ -35,6 +42,7 @@ class CopyInfo:
             "verified": self.verified,
             "verified_at": None if self.verified_at is None else self.verified_at.isoformat(),
             "trashed_at": None if self.trashed_at is None else self.trashed_at.isoformat(),
+            "damage": self.damage or None,
         }
 
 
@@ -60,7 +68,8 @@ class CheckpointInfo:
         saved_importance: the importance recorded in the manifest at save time.
         holds: names of the holds on the checkpoint (on any copy).
         state: ``committed`` -> ``verified`` -> ``protected`` (the placement is met,
-            every counted copy verified), or ``trashed``.
+            every counted copy verified), or ``trashed``; ``damaged`` when every
+            copy is damaged (see each copy's ``damage``).
         protection: what is still missing for ``protected``, as sentences.
     """
 
@@ -132,6 +141,48 @@ class CheckpointInfo:
             ],
             "copies": [c.to_json() for c in self.copies],
         }
+
+
+@dataclass(frozen=True)
+class UnreadableCheckpoint:
+    """A checkpoint committed on some tier whose manifest no tier can provide.
+
+    Nothing about it is known beyond its name and, per copy, why the manifest
+    cannot be read: not its importance, size or creation time. It is never
+    loaded, never copied and never deleted automatically; ``ls``, ``show``,
+    ``scrub``, ``gc`` and ``doctor`` name it until an operator acts.
+    """
+
+    run: str
+    step: int
+    copies: tuple[CopyInfo, ...]
+
+    state: ClassVar[str] = "damaged"
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """The JSON form of ``ls --json``: the keys of a checkpoint, unknown ones null."""
+        return {
+            "run": self.run,
+            "step": self.step,
+            "importance": None,
+            "saved_importance": None,
+            "holds": [],
+            "state": self.state,
+            "protection_missing": [
+                f"the manifest cannot be read on any tier: {self.reason}",
+            ],
+            "created": None,
+            "nbytes": None,
+            "tensor_bytes": None,
+            "world_size": None,
+            "files": [],
+            "copies": [c.to_json() for c in self.copies],
+        }
+
+    @property
+    def reason(self) -> str:
+        """Why each copy is unreadable, as one line: ``tier: reason; ...``."""
+        return "; ".join(f"{c.tier}: {c.damage}" for c in self.copies)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from rich.table import Table
 
 from mouthguard.checkpoint.facts import tier_facts
 from mouthguard.checkpoint.store import Store
+from mouthguard.cli.listing import damaged_checkpoints
 from mouthguard.cli.ops import EXIT_NOT_MET, EXIT_OK
 from mouthguard.cli.render import human_bytes
 from mouthguard.errors import MouthguardError, ObjectExistsError
@@ -210,6 +211,12 @@ def run(store: Store, args: argparse.Namespace, console: Console) -> int:
             # plan_placement words what is missing as "unsatisfiable: ..." reasons.
             missing = [r for r in placement.reasons if r.startswith("unsatisfiable")]
             problems += [f"{level.value}: {r}" for r in missing or ["placement not satisfiable"]]
+    # A checkpoint no tier holds intact is the failure this store exists to prevent.
+    problems += [
+        f"{item.run} step {item.step} is damaged on every tier: "
+        + "; ".join(f"{c.tier}: {c.damage}" for c in item.copies if c.damage)
+        for item in damaged_checkpoints(store)
+    ]
     warnings = shared_devices(tiers)
     if args.json:
         body = {

@@ -25,7 +25,7 @@ from pathlib import Path
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo
 from mouthguard.checkpoint.store import Store
-from mouthguard.checkpoint.verification import find_copies, verify_target
+from mouthguard.checkpoint.verification import find_copies, verify_and_record
 from mouthguard.demo import CopyCheck, DamageKind, DamageRecord
 from mouthguard.demo.worker import DemoError
 from mouthguard.tiers.local import LocalTier
@@ -162,8 +162,8 @@ def verify_run(store: Store, run: str) -> tuple[CopyCheck, ...]:
     Like the command, each copy that passes gets a fresh verification receipt.
     """
     checks = []
-    for target in find_copies(store, run):
-        report = verify_target(target)
+    for ref in find_copies(store, run):
+        report = verify_and_record(ref)
         reason = "" if report.ok else report.reason
         checks.append(CopyCheck(report.step, report.tier, report.ok, reason))
     return tuple(checks)

@@ -7,12 +7,14 @@ for a save, so a copy interrupted at any point is invisible there)::
     for each file: stream src -> dst staging           # hashed inline: the SOURCE is
                                                        # verified by the same pass
     commit_bytes(dst, manifest bytes)                  # byte-identical manifest, last
-    verify_copy(dst)                                   # read-back: every byte again
-    write receipts on both copies; copy facts (importance, holds); pass hints down
+    verify_and_record(dst)                             # read-back: every byte again
+    receipt on the source; copy facts (importance, holds); pass hints down
 
 Between chunks the copier yields to checkpoint saves (:class:`BurstGate`).
-A destination that already holds a *damaged* committed copy gets it set aside
-first (renamed where the tier can, else its manifest removed), never silently
+A destination that already holds a committed copy is verified first: a valid
+one stops the copy, one whose damage a second read confirms is set aside
+(:mod:`mouthguard.checkpoint.quarantine`), one that cannot be read now (a
+timeout, a dead store) is left alone and the copy fails. Nothing is ever
 overwritten in place.
 """
 
@@ -25,8 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.quarantine import set_aside
-from mouthguard.checkpoint.reader import read_manifest, verify_copy
+from mouthguard.checkpoint.quarantine import SetAside, set_aside_confirmed
+from mouthguard.checkpoint.reader import read_manifest
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     place_hold,
@@ -34,6 +36,7 @@ from mouthguard.checkpoint.sidecars import (
     write_importance,
     write_receipt,
 )
+from mouthguard.checkpoint.verification import verify_and_record
 from mouthguard.checkpoint.writer import commit_bytes, new_transaction_id, staging_prefix
 from mouthguard.errors import (
     CheckpointExistsError,
@@ -123,10 +126,11 @@ def copy_checkpoint(
     Raises:
         SourceDamagedError: the source copy failed verification while being read
             (nothing is committed on ``dst``).
-        ChecksumMismatchError, RankFileError: the destination failed its read-back
-            (the new copy is set aside).
+        ChecksumMismatchError: the destination failed its read-back with proven
+            damage (the new copy is set aside once a second read confirms it).
         CheckpointExistsError: ``dst`` already holds a valid committed copy.
-        TierError: either tier failed.
+        TierError: either tier failed; a new copy that could not be read back
+            stays committed without a receipt, to be verified by a later pass.
     """
     started = time.monotonic()
     yielded_before = gate.yielded_seconds if gate is not None else 0.0
@@ -134,12 +138,7 @@ def copy_checkpoint(
     raw_manifest = src.get(catalog.manifest_key(run, step))
     dst_ref = CopyRef(dst, run, step)
     if dst.exists(catalog.manifest_key(run, step)):
-        try:
-            verify_copy(dst, dst_ref.prefix, read_manifest(dst, run, step))
-        except MouthguardError as exc:
-            set_aside(dst_ref, str(exc))
-        else:
-            raise CheckpointExistsError(f"{dst_ref} already holds a valid copy")
+        _clear_destination(dst_ref)
     staging = staging_prefix(dst, run, step, new_transaction_id())
     final = catalog.checkpoint_prefix(run, step)
     try:
@@ -155,14 +154,23 @@ def copy_checkpoint(
     except BaseException:
         _discard(dst, staging, final)
         raise
+    # Read-back: a copy counts only once verified. Proven (and confirmed) damage
+    # sets the new copy aside; an unreachable tier leaves it in place unverified
+    # (no receipt), for the next pass to read again.
+    verdict = verify_and_record(dst_ref)
+    if verdict.record_error:
+        log.info("could not record the receipt of %s: %s", dst_ref, verdict.record_error)
+    if not verdict.ok:
+        reason = f"read-back after copy failed: {verdict.reason}"
+        if verdict.damaged:
+            set_aside_confirmed(dst_ref, reason)
+            raise ChecksumMismatchError(f"{dst_ref}: {reason}")
+        raise TierError(f"{dst_ref}: {reason}")
     try:
-        verify_copy(dst, final, manifest)  # read-back: a copy counts only once verified
+        # The source was fully read and matched while streaming.
+        write_receipt(CopyRef(src, run, step), raw_manifest, dt.datetime.now(dt.UTC))
     except MouthguardError as exc:
-        set_aside(dst_ref, f"read-back after copy failed: {exc}")
-        raise
-    now = dt.datetime.now(dt.UTC)
-    write_receipt(CopyRef(src, run, step), raw_manifest, now)  # fully read, matched
-    write_receipt(dst_ref, raw_manifest, now)
+        log.info("could not record the source's receipt on %s: %s", src.name, exc)
     _copy_facts(CopyRef(src, run, step), dst_ref, manifest)
     yielded = (gate.yielded_seconds - yielded_before) if gate is not None else 0.0
     result = CopyResult(
@@ -178,6 +186,23 @@ def copy_checkpoint(
         result.seconds,
     )
     return result
+
+
+def _clear_destination(dst_ref: CopyRef) -> None:
+    """Make way on the destination: a valid copy stops the copy, damage is set aside.
+
+    Raises:
+        CheckpointExistsError: the destination holds a valid copy (or one whose
+            damage a second read did not confirm).
+        TierError: the destination copy cannot be read now; nothing is touched.
+    """
+    verdict = verify_and_record(dst_ref)
+    if verdict.ok:
+        raise CheckpointExistsError(f"{dst_ref} already holds a valid copy")
+    if not verdict.damaged:
+        raise TierError(f"cannot verify the existing copy {dst_ref}: {verdict.reason}")
+    if set_aside_confirmed(dst_ref, verdict.reason) is SetAside.NOT_CONFIRMED:
+        raise CheckpointExistsError(f"{dst_ref} already holds a copy that reads back intact")
 
 
 def _discard(dst: Tier, staging: str, final: str) -> None:

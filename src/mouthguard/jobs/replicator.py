@@ -4,8 +4,10 @@ For each checkpoint the pure policy (:func:`plan_placement`) names the target
 tiers for its importance. The replicator copies the checkpoint to each target
 that lacks a *verified* copy, from a source whose bytes check out (fast tier
 first), reading every destination byte back before the copy counts. A source
-that fails its checksums during a copy is set aside and the next source is
-tried: a damaged copy is never propagated.
+that fails its checksums during a copy is skipped for the next source: a damaged
+copy is never propagated. A damaged copy is set aside (moved out of sight, bytes
+kept) only once a second read confirms the damage and an intact copy exists to
+replace it; the last copies of a checkpoint are never hidden, whatever their state.
 
 Where the policy asks for a legal hold (critical) and the tier supports Object
 Lock, the copy's objects are put under hold; the hint (importance) is passed
@@ -21,20 +23,18 @@ from dataclasses import dataclass, field
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.facts import CheckpointView, gather, tier_facts
-from mouthguard.checkpoint.quarantine import set_aside
-from mouthguard.checkpoint.reader import read_manifest, verify_copy
+from mouthguard.checkpoint.quarantine import SetAside, set_aside_confirmed
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
-    clear_damage,
     clear_legal_hold_mark,
     has_legal_hold_mark,
     mark_legal_hold,
     place_hold,
     write_importance,
-    write_receipt,
 )
 from mouthguard.checkpoint.store import Store
-from mouthguard.errors import MouthguardError, is_data_damage
+from mouthguard.checkpoint.verification import verify_and_record
+from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint
@@ -155,7 +155,12 @@ class Replicator:
         return report
 
     def _confirm_copies(self, view: CheckpointView, report: ReplicationReport) -> list[Tier]:
-        """Tiers whose copy is verified: by a receipt, or by reading it back now."""
+        """Tiers whose copy is verified: by a receipt, or by reading it back now.
+
+        A copy found damaged is set aside only when a second read confirms the
+        damage *and* an intact copy exists to replace it from; the last copies of
+        a checkpoint stay where they are, reported as damaged, never hidden.
+        """
         run, step = view.facts.run, view.facts.step
         receipts = {c.tier for c in view.facts.copies if c.verified}
         good: list[Tier] = []
@@ -165,33 +170,33 @@ class Replicator:
                 good.append(tier)
                 continue
             ref = CopyRef(tier, run, step)
-            try:
-                verify_copy(tier, ref.prefix, read_manifest(tier, run, step))
-            except MouthguardError as exc:
-                if is_data_damage(exc):
-                    suspects.append((ref, str(exc)))
-                else:
-                    report.shortfalls.append(Shortfall(run, step, f"cannot verify {ref}: {exc}"))
-                continue
-            good.append(tier)  # verified just now, whether or not the receipt can be written
-            try:
-                raw = tier.get(catalog.manifest_key(run, step))
-                write_receipt(ref, raw, dt.datetime.now(dt.UTC))
-                clear_damage(ref)
-            except MouthguardError as exc:
-                report.shortfalls.append(Shortfall(run, step, f"cannot record {ref}: {exc}"))
+            verdict = verify_and_record(ref)
+            if verdict.ok:
+                good.append(tier)  # verified just now, whether or not the receipt was written
+                if verdict.record_error:
+                    reason = f"cannot record {ref}: {verdict.record_error}"
+                    report.shortfalls.append(Shortfall(run, step, reason))
+            elif verdict.damaged:
+                suspects.append((ref, verdict.reason))
+            else:
+                reason = f"cannot verify {ref}: {verdict.reason}"
+                report.shortfalls.append(Shortfall(run, step, reason))
         suspects += [(CopyRef(tier, run, step), reason) for tier, reason in view.damaged]
         for ref, reason in suspects:
-            # Set aside only damage a second read confirms: one misread must never
-            # hide an intact copy, perhaps the only one.
-            if _damage_confirmed(ref):
-                set_aside(ref, reason)
-                report.shortfalls.append(
-                    Shortfall(run, step, f"copy on {ref.tier.name} damaged: {reason}")
-                )
-            else:
-                report.shortfalls.append(Shortfall(run, step, f"cannot read {ref}: {reason}"))
+            report.shortfalls.append(Shortfall(run, step, self._set_aside(ref, reason, good)))
         return good
+
+    @staticmethod
+    def _set_aside(ref: CopyRef, reason: str, intact: list[Tier]) -> str:
+        """Set a damaged copy aside if it can be replaced; say what happened."""
+        if not any(t is not ref.tier for t in intact):
+            return (
+                f"copy on {ref.tier.name} damaged, no intact copy to repair from: kept ({reason})"
+            )
+        outcome = set_aside_confirmed(ref, reason)
+        if outcome is SetAside.NOT_CONFIRMED:
+            return f"cannot read {ref} ({reason}); a second read found no damage: kept"
+        return f"copy on {ref.tier.name} damaged: {reason}"
 
     def _sync_facts(
         self, view: CheckpointView, good: list[Tier], report: ReplicationReport
@@ -238,12 +243,11 @@ class Replicator:
             try:
                 return copy_checkpoint(src, dst, run, step, gate=self.gate)
             except SourceDamagedError as exc:
-                # Never propagate a damaged copy: set it aside (once a second read
-                # confirms it), try the next source.
-                if _damage_confirmed(CopyRef(src, run, step)):
-                    set_aside(CopyRef(src, run, step), str(exc))
+                # Never propagate a damaged copy: try the next source, and set this
+                # one aside (if confirmed) when another intact copy can replace it.
                 good.remove(src)
-                report.shortfalls.append(Shortfall(run, step, f"source damaged: {exc}"))
+                reason = self._set_aside(CopyRef(src, run, step), str(exc), good)
+                report.shortfalls.append(Shortfall(run, step, f"source damaged: {reason}"))
             except MouthguardError as exc:
                 reason = f"copy {src.name} -> {dst.name} failed: {exc}"
                 report.shortfalls.append(Shortfall(run, step, reason))
@@ -352,18 +356,3 @@ class Replicator:
             if self.clock.monotonic() >= deadline:
                 return False
             self.clock.sleep(min(0.5, max(0.0, deadline - self.clock.monotonic())))
-
-
-def _damage_confirmed(ref: CopyRef) -> bool:
-    """Whether a second, independent read of the whole copy also fails as damage.
-
-    A copy is set aside only on confirmed damage: one misread (a flipped bit in
-    transit, a flaky controller) must never make an intact copy -- perhaps the
-    only one -- invisible. Damage on the medium fails every read; a transient
-    fault does not.
-    """
-    try:
-        verify_copy(ref.tier, ref.prefix, read_manifest(ref.tier, ref.run, ref.step))
-    except MouthguardError as exc:
-        return is_data_damage(exc)
-    return False

@@ -25,15 +25,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
-from mouthguard.checkpoint.reader import read_manifest, verify_copy
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     mark_trashed,
-    report_damage,
     restore_from_trash,
 )
 from mouthguard.checkpoint.store import Store
-from mouthguard.errors import MouthguardError, is_data_damage
+from mouthguard.checkpoint.verification import verify_and_record
+from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.deletion import CopyAction, decide_deletions
@@ -85,16 +84,17 @@ def _first_damaged_other_copy(view: CheckpointView, tier: str, when: dt.datetime
     the copies that justify it are verified again first; a damaged one gets a
     damage report (the replicator repairs it) and the demotion waits.
     """
+    for other, reason in (*view.unreachable, *view.damaged):
+        if other.name != tier:  # a copy the demotion may count on cannot even be read
+            return f"not demoted: the copy on {other.name} cannot be read ({reason})"
     for other in view.readable:
         if other.name == tier:
             continue
-        ref = CopyRef(other, view.facts.run, view.facts.step)
-        try:
-            verify_copy(other, ref.prefix, read_manifest(other, ref.run, ref.step))
-        except MouthguardError as exc:
-            if is_data_damage(exc):
-                report_damage(ref, str(exc), when)
-            return f"not demoted: the copy on {other.name} failed its re-check ({exc})"
+        verdict = verify_and_record(
+            CopyRef(other, view.facts.run, view.facts.step), now=lambda: when
+        )
+        if not verdict.ok:  # damage is recorded for the replicator; unreachable just waits
+            return f"not demoted: the copy on {other.name} failed its re-check ({verdict.reason})"
     return None
 
 

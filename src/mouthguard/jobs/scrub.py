@@ -2,58 +2,59 @@
 
 A receipt says a copy was good *when it was read*. Bits rot, files get truncated
 by a full disk or a cleanup script, object stores lose parts. The scrubber
-re-reads every copy whose receipt is older than ``max_age`` (or that has none),
-oldest first, within an optional byte budget per pass so it never monopolises a
-tier. A copy that verifies gets a fresh receipt; a damaged one gets a damage
-report and is set aside, and the replicator makes a new copy from an intact one.
-Transient errors (the tier is unreachable) change nothing.
+re-reads every committed copy whose receipt is older than ``max_age`` (or that
+has none -- a copy whose manifest no longer parses included), oldest first,
+within an optional byte budget per pass so it never monopolises a tier.
+
+Each copy goes through :func:`~mouthguard.checkpoint.verification.verify_and_record`:
+an intact copy gets a fresh receipt, a damaged one a damage report (its receipt
+stops vouching, ``ls`` shows it). The scrubber moves nothing: the replicator
+confirms the damage with a second read and replaces the copy from an intact one
+(the background service hands it every damaged checkpoint the pass found; from
+the command line, ``mouthguard replicate``). Unreachable copies change nothing.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import logging
 import time
 from dataclasses import dataclass, field
 
-from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.facts import gather, runs_of, steps_of
-from mouthguard.checkpoint.quarantine import set_aside
-from mouthguard.checkpoint.reader import read_manifest, verify_copy
-from mouthguard.checkpoint.sidecars import CopyRef, report_damage, write_receipt
+from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
 from mouthguard.checkpoint.store import Store
-from mouthguard.errors import MouthguardError, is_data_damage
+from mouthguard.checkpoint.verification import Status, Verdict, find_copies, verify_and_record
+from mouthguard.errors import MouthguardError
 from mouthguard.jobs.burst import BurstGate
-
-log = logging.getLogger(__name__)
 
 #: Re-verify a copy once its receipt is a week old.
 DEFAULT_MAX_AGE_SECONDS = 7 * 86400.0
 
 
-@dataclass(frozen=True)
-class ScrubResult:
-    """The verdict on one copy."""
-
-    run: str
-    step: int
-    tier: str
-    ok: bool
-    reason: str
-    nbytes: int
-
-
 @dataclass
 class ScrubReport:
-    """What one scrub pass did."""
+    """What one scrub pass found: one verdict per copy read, and what it skipped."""
 
-    results: list[ScrubResult] = field(default_factory=list)
+    results: list[Verdict] = field(default_factory=list)
     skipped_fresh: int = 0
+    skipped_budget: int = 0
+    unlisted: list[str] = field(default_factory=list)  # "<tier>: <why it could not be listed>"
+
+    def with_status(self, status: Status) -> list[Verdict]:
+        """The verdicts of one status, in the order they were read."""
+        return [r for r in self.results if r.status is status]
 
     @property
-    def damaged(self) -> list[ScrubResult]:
-        """Copies found damaged (and set aside)."""
-        return [r for r in self.results if not r.ok and r.reason.startswith("damaged")]
+    def damaged(self) -> list[Verdict]:
+        """Copies found damaged (reported; the replicator replaces them)."""
+        return self.with_status(Status.DAMAGED)
+
+    def counts(self) -> dict[str, int]:
+        """Copies per outcome, as ``scrub`` prints them."""
+        return {
+            "scrubbed": len(self.results),
+            **{s.value: len(self.with_status(s)) for s in Status},
+            "skipped_fresh": self.skipped_fresh,
+            "skipped_budget": self.skipped_budget,
+        }
 
 
 def scrub(
@@ -64,51 +65,34 @@ def scrub(
     now: float | None = None,
     gate: BurstGate | None = None,
 ) -> ScrubReport:
-    """Re-verify every copy whose last verification is older than ``max_age_seconds``.
+    """Re-verify every committed copy whose last verification is older than ``max_age_seconds``.
 
-    Oldest receipts (and copies never verified) first; stops starting new copies
-    once ``budget_bytes`` have been read. Never raises for bad data or a failing tier.
+    Oldest receipts (and copies never verified, or whose receipt a damage report
+    withdrew) first; stops starting new copies once ``budget_bytes`` have been
+    read. Never raises for bad data or a failing tier.
     """
     now = time.time() if now is None else now
-    due: list[tuple[float, CopyRef, int]] = []
+    due: list[tuple[float, CopyRef]] = []
     report = ScrubReport()
-    for run in runs_of(store):
-        for step in steps_of(store, run):
-            view = gather(store, run, step)
-            if view is None:
-                continue
-            for copy in view.facts.copies:
-                age = now - copy.verified_at if copy.verified_at is not None else float("inf")
-                if age < max_age_seconds:
-                    report.skipped_fresh += 1
-                    continue
-                ref = CopyRef(store.tier(copy.tier), run, step)
-                due.append((copy.verified_at or 0.0, ref, view.manifest.nbytes))
+    for ref in find_copies(store, unlisted=report.unlisted):
+        try:
+            verified_at = read_sidecars(ref).verified_at
+        except MouthguardError:
+            verified_at = None  # cannot read the facts: read the copy itself
+        seen = verified_at.timestamp() if verified_at is not None else None
+        if seen is not None and now - seen < max_age_seconds:
+            report.skipped_fresh += 1
+            continue
+        due.append((seen or 0.0, ref))
     read = 0
-    for _, ref, nbytes in sorted(due, key=lambda d: d[0]):
+    due.sort(key=lambda d: d[0])
+    for index, (_, ref) in enumerate(due):
         if budget_bytes is not None and read >= budget_bytes:
+            report.skipped_budget = len(due) - index
             break
         if gate is not None:
             gate.wait()
-        report.results.append(_scrub_copy(ref, nbytes))
-        read += nbytes
+        verdict = verify_and_record(ref)
+        report.results.append(verdict)
+        read += verdict.nbytes
     return report
-
-
-def _scrub_copy(ref: CopyRef, nbytes: int) -> ScrubResult:
-    try:
-        manifest = read_manifest(ref.tier, ref.run, ref.step)
-        verify_copy(ref.tier, ref.prefix, manifest)
-        raw = ref.tier.get(catalog.manifest_key(ref.run, ref.step))
-        write_receipt(ref, raw, dt.datetime.now(dt.UTC))
-    except MouthguardError as exc:
-        if not is_data_damage(exc):
-            return ScrubResult(ref.run, ref.step, ref.tier.name, False, f"unreachable: {exc}", 0)
-        log.warning("scrub found %s damaged: %s", ref, exc)
-        try:
-            report_damage(ref, str(exc), dt.datetime.now(dt.UTC))
-            set_aside(ref, f"scrub: {exc}")
-        except MouthguardError as inner:
-            log.warning("could not set aside %s: %s", ref, inner)
-        return ScrubResult(ref.run, ref.step, ref.tier.name, False, f"damaged: {exc}", nbytes)
-    return ScrubResult(ref.run, ref.step, ref.tier.name, True, "ok", nbytes)

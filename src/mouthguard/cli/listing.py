@@ -1,0 +1,174 @@
+"""``mouthguard ls`` and ``mouthguard show``: what is committed, and in what state.
+
+Damage is never left out: a checkpoint whose every copy is damaged is listed
+with state ``damaged``, one whose manifest no tier can read is listed as an
+:class:`~mouthguard.checkpoint.info.UnreadableCheckpoint` (state ``damaged``,
+the reason per copy), and a copy a reader found damaged loses its ✓ and shows ✗.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.checkpointer import Checkpointer
+from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, UnreadableCheckpoint
+from mouthguard.checkpoint.store import Store
+from mouthguard.cli.ops import UnknownCheckpointError
+from mouthguard.cli.render import human_bytes, human_time
+from mouthguard.errors import CorruptCheckpointError
+
+EXIT_OK = 0
+
+Listed = CheckpointInfo | UnreadableCheckpoint
+
+
+def runs_of(store: Store, run: str | None) -> list[str]:
+    """``[run]`` (validated) or every run on any tier of ``store``."""
+    if run is not None:
+        catalog.validate_run(run)
+        return [run]
+    return sorted({r for tier in store.tiers for r in catalog.list_runs(tier)})
+
+
+def list_run(store: Store, run: str) -> list[Listed]:
+    """Every committed checkpoint of ``run``, readable or not, ascending by step."""
+    ckpt = Checkpointer(store, run, background=False)
+    listed: list[Listed] = [*ckpt.list(), *ckpt.unreadable()]
+    return sorted(listed, key=lambda item: item.step)
+
+
+def damaged_checkpoints(store: Store, run: str | None = None) -> list[Listed]:
+    """Checkpoints of ``store`` (or of ``run``) whose every copy is damaged."""
+    return [
+        item
+        for name in runs_of(store, run)
+        for item in list_run(store, name)
+        if item.state == "damaged"
+    ]
+
+
+def ls(store: Store, args: argparse.Namespace, console: Console) -> int:
+    """List committed checkpoints per run (``--json``: one JSON line per checkpoint)."""
+    listed = {run: list_run(store, run) for run in runs_of(store, args.run)}
+    if args.run is not None and not listed[args.run]:
+        raise UnknownCheckpointError(f"no checkpoints for run {args.run!r} in {store.source}")
+    if args.json:
+        for items in listed.values():
+            for item in items:
+                print(json.dumps(item.to_json()))
+        return EXIT_OK
+    if not any(listed.values()):
+        console.print(f"no checkpoints in {store.source}", highlight=False)
+        return EXIT_OK
+    for run, items in listed.items():
+        if items:
+            console.print(run_table(run, items))
+    damaged = [item for items in listed.values() for item in items if item.state == "damaged"]
+    for item in damaged:
+        why = "; ".join(f"{c.tier}: {c.damage}" for c in item.copies if c.damage)
+        console.print(
+            f"[red]damaged:[/red] {escape(item_name(item))} -- {escape(why)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return EXIT_OK
+
+
+def item_name(item: Listed) -> str:
+    """``run step N``."""
+    return f"{item.run} step {item.step}"
+
+
+def _copy_cell(copy: CopyInfo) -> str:
+    mark = "✗" if copy.damage else ("✓" if copy.verified else "")
+    return f"{copy.tier}{mark}"
+
+
+def run_table(run: str, items: list[Listed]) -> Table:
+    """One run's checkpoints: step, importance, state, size, created, copies (and holds)."""
+    # Per-file detail lives in `show`; the holds column appears only when some
+    # checkpoint of the run has a hold. ✓ verified, ✗ damaged.
+    with_holds = any(isinstance(i, CheckpointInfo) and i.holds for i in items)
+    columns = ["step", "importance", "state", "size", "created", "copies"]
+    table = Table(title=f"run {escape(run)}", title_justify="left")
+    for column in [*columns, "holds"] if with_holds else columns:
+        wrap = column in ("copies", "holds")
+        table.add_column(
+            column,
+            justify="right" if column in ("step", "size") else "left",
+            no_wrap=not wrap,
+            min_width=8 if wrap else None,
+        )
+    for item in items:
+        copies = " ".join(_copy_cell(c) for c in item.copies)
+        state = f"[red]{item.state}[/red]" if item.state == "damaged" else item.state
+        if isinstance(item, UnreadableCheckpoint):
+            row = [str(item.step), "?", state, "?", "?", escape(copies)]
+            if with_holds:
+                row.append("")
+        else:
+            row = [
+                str(item.step),
+                item.importance.value,
+                state,
+                human_bytes(item.nbytes),
+                item.created.astimezone().strftime("%m-%d %H:%M"),
+                escape(copies),
+            ]
+            if with_holds:
+                row.append(escape(", ".join(item.holds)))
+        table.add_row(*row)
+    return table
+
+
+def show(store: Store, args: argparse.Namespace, console: Console) -> int:
+    """Show one checkpoint; exit 1 when it is damaged beyond reading."""
+    catalog.validate_run(args.run)
+    catalog.step_dir(args.step)
+    ckpt = Checkpointer(store, args.run, background=False)
+    info = ckpt.info(args.step, missing_ok=True)
+    if info is None:
+        unreadable = [u for u in ckpt.unreadable() if u.step == args.step]
+        if unreadable:
+            raise CorruptCheckpointError(
+                f"{args.run} step {args.step} is committed but its manifest cannot be read "
+                f"on any tier: {unreadable[0].reason}"
+            )
+        raise UnknownCheckpointError(
+            f"no committed checkpoint {args.run} step {args.step} in {store.source}"
+        )
+    if args.json:
+        print(json.dumps(info.to_json(), indent=2))
+        return EXIT_OK
+    table = Table(title=f"{info.run} step {info.step}", show_header=False, title_justify="left")
+    table.add_column("field")
+    table.add_column("value")
+    table.add_row("importance", info.importance.value)
+    if info.saved_importance is not None and info.saved_importance != info.importance:
+        table.add_row("saved importance", info.saved_importance.value)
+    table.add_row("state", "[red]damaged[/red]" if info.state == "damaged" else info.state)
+    for missing in info.protection:
+        table.add_row("missing for protection", escape(missing))
+    table.add_row("holds", escape(", ".join(info.holds)) or "none")
+    table.add_row("created", human_time(info.created))
+    table.add_row("size", f"{human_bytes(info.nbytes)} ({info.nbytes} bytes)")
+    table.add_row("tensor bytes", str(info.tensor_bytes))
+    table.add_row("world size", str(info.world_size))
+    for f in info.files:
+        table.add_row(escape(f.name), f"{human_bytes(f.size)}  {f.checksum}")
+    for c in info.copies:
+        if c.damage:
+            status = f"[red]DAMAGED[/red]: {escape(c.damage)}"
+        elif c.verified_at:
+            status = f"verified {human_time(c.verified_at)}"
+        else:
+            status = "not verified"
+        table.add_row(f"copy on {escape(c.tier)}", f"{escape(c.location)}  ({status})")
+    console.print(table)
+    return EXIT_OK
