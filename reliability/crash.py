@@ -542,6 +542,9 @@ def _run(
         accepted_corrupt=len({step for _, step in ledger.corrupt}),
         lost_acknowledged=len(ledger.lost),
         writes_outside=len(ledger.outside),
+        cases_by_kind={f"aimed at {aim}": n for aim, n in sorted(aims.items())},
+        acknowledged=len(ledger.acked),
+        excluded={"deleted by retention, as the policy asks": len(ledger.dropped_by_retention)},
         command=command,
         seconds=round(time.monotonic() - started, 1),
         details={

@@ -451,6 +451,8 @@ def run(
         survived=survived,
         accepted_corrupt=corrupt,
         writes_outside=len(writes),
+        cases_by_kind={target: int(stats["cases"]) for target, stats in sorted(merged.items())},
+        not_measured=["lost_acknowledged"],  # parsers and reads: nothing is saved
         command=COMMAND.format(level=level),
         seconds=round(time.monotonic() - started, 2),
         details={

@@ -6,19 +6,28 @@ Each harness is a module ``reliability/<name>.py`` exposing
 ``run(level) -> HarnessResult`` (see :mod:`reliability.record`). A module that
 does not exist yet, fails to import or has no ``run`` is reported as *not
 available* -- it does not stop the others. A harness that raises is a failed
-result. Every result is written as JSON to ``--json-dir``, and the rows of the
-harnesses run replace theirs in the table between ``<!-- harnesses:begin -->``
-and ``<!-- harnesses:end -->`` of ``--out``; everything else in the file is kept
-byte for byte (rows of harnesses not run this time stay as they were).
+result. A harness that could not run (no server to test against) is *not run*,
+with its reason: never a pass. Every result is written as JSON to
+``--json-dir``, and the rows of the harnesses run replace theirs in the table
+between ``<!-- harnesses:begin -->`` and ``<!-- harnesses:end -->`` of
+``--out``; everything else in the file is kept byte for byte (rows of harnesses
+not run this time stay as they were, brought to today's columns).
 
-Exit status: 0 when every result is ok; 1 when any is not (or, with
-``--strict``, when a harness is not available); 2 on a usage error.
+Each row shows the cases by kind, and beside the lost acknowledged saves the
+acknowledged saves left out of that count and why; a never-event a harness does
+not look for reads ``n/a``, not 0.
+
+Exit status: 0 when every harness ran and passed; 1 when any failed; 3 when none
+failed but at least one did not run or is not available (1 with ``--strict``);
+2 on a usage error. Not running is not a failure of the code under test, but it
+is not a pass either: the exit status says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 import time
 import traceback
@@ -31,7 +40,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from reliability.record import HarnessResult, Level
+from reliability.record import HarnessResult, Level, Status
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Harness name -> module. The order is the table's.
@@ -45,10 +54,16 @@ REGISTRY: dict[str, str] = {
 BEGIN = "<!-- harnesses:begin -->"
 END = "<!-- harnesses:end -->"
 HEADER = (
-    "| harness | what was tried | cases | survived | accepted-corrupt "
-    "| lost acknowledged saves | writes outside the store | seconds | rerun |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    "| harness | what was tried | cases, by kind | survived | accepted-corrupt "
+    "| lost acknowledged saves | gone but not counted as lost, and why "
+    "| writes outside the store | seconds | rerun |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
+COLUMNS = HEADER.count("|", 0, HEADER.index("\n")) - 1
+#: The column layout before cases were broken down and exclusions shown.
+_OLD_COLUMNS = 9
+_OLD_EXCLUDED_CELL = "not recorded (this row predates the column: rerun to see)"
+EXIT_OK, EXIT_FAILED, EXIT_NOT_RUN = 0, 1, 3
 
 HarnessRun = Callable[[Level], HarnessResult]
 
@@ -60,6 +75,11 @@ class Outcome:
     name: str
     result: HarnessResult | None = None
     unavailable: str | None = None
+
+    @property
+    def status(self) -> Status:
+        """The result's status; a harness that is not available did not run."""
+        return "not run" if self.result is None else self.result.status
 
 
 def rerun_command(name: str, level: Level) -> str:
@@ -114,38 +134,100 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def cases_cell(result: HarnessResult) -> str:
+    """The total, then what it is made of: ``"1,200: delays of 0.5 ms 900; ENOSPC 300"``."""
+    total = f"{result.cases:,}"
+    # Most frequent first, whatever order the result (or its JSON) holds them in.
+    kinds = dict(sorted(result.cases_by_kind.items(), key=lambda item: (-item[1], item[0])))
+    if not kinds:
+        return total
+    counts = set(kinds.values())
+    if len(kinds) > 3 and len(counts) == 1:  # many kinds, equal shares: say it once
+        return f"{total}: {len(kinds)} kinds, {counts.pop():,} each ({', '.join(kinds)})"
+    return f"{total}: " + "; ".join(f"{kind} {n:,}" for kind, n in kinds.items())
+
+
+def _never_event(result: HarnessResult, name: str, value: int) -> str:
+    return "n/a" if name in result.not_measured else f"{value:,}"
+
+
+def lost_cell(result: HarnessResult) -> str:
+    """Lost acknowledged saves, out of how many acknowledged."""
+    lost = _never_event(result, "lost_acknowledged", result.lost_acknowledged)
+    if lost == "n/a" or result.acknowledged is None:
+        return lost
+    return f"{lost} of {result.acknowledged:,} acknowledged"
+
+
+def excluded_cell(result: HarnessResult) -> str:
+    """The acknowledged saves left out of "lost", by reason (``none`` when none)."""
+    if "lost_acknowledged" in result.not_measured or result.acknowledged is None:
+        return "-"
+    parts = [f"{n:,} {reason}" for reason, n in result.excluded.items() if n]
+    return "; ".join(parts) or "none"
+
+
 def render_row(outcome: Outcome, level: Level) -> str:
     """One table row (``level`` is the level it ran at)."""
     name = f"`{outcome.name}`"
     result = outcome.result
+    dash = "-"
     if result is None:
-        dash = "-"
         cells = [
-            name,
+            f"{name} **NOT RUN**",
             f"not available ({_cell(outcome.unavailable or '')})",
-            *[dash] * 6,
+            *[dash] * (COLUMNS - 3),
             f"`{rerun_command(outcome.name, level)}`",
+        ]
+    elif not result.ran:
+        cells = [
+            f"{name} ({level}) **NOT RUN**",
+            _cell(f"not run: {result.not_run}"),
+            *[dash] * (COLUMNS - 3),
+            f"`{_cell(result.command or rerun_command(outcome.name, level))}`",
         ]
     else:
         verdict = "" if result.ok else " **FAILED**"
         cells = [
             f"{name} ({level}){verdict}",
             _cell(result.what),
-            f"{result.cases:,}",
+            _cell(cases_cell(result)),
             f"{result.survived:,}",
-            str(result.accepted_corrupt),
-            str(result.lost_acknowledged),
-            str(result.writes_outside),
+            _never_event(result, "accepted_corrupt", result.accepted_corrupt),
+            lost_cell(result),
+            _cell(excluded_cell(result)),
+            _never_event(result, "writes_outside", result.writes_outside),
             f"{result.seconds:.1f}",
             f"`{_cell(result.command or rerun_command(outcome.name, level))}`",
         ]
     return "| " + " | ".join(cells) + " |"
 
 
+# A cell boundary: a "|" that the cell text did not escape.
+_CELL_BOUNDARY = re.compile(r"(?<!\\)\|")
+
+
+def _cells_of(row: str) -> list[str]:
+    return [c.strip() for c in _CELL_BOUNDARY.split(row.strip().strip("|"))]
+
+
 def _row_name(row: str) -> str | None:
-    cells = row.strip().strip("|").split("|")
-    words = cells[0].split()
+    words = _cells_of(row)[0].split()
     return words[0].strip("`") if words else None
+
+
+def upgrade_row(row: str) -> str:
+    """A row kept from an earlier run, in today's columns.
+
+    Rows written before cases were broken down and exclusions shown say that
+    they did not record them, so an old total or "0 lost" never stands without
+    its caveat.
+    """
+    cells = _cells_of(row)
+    if len(cells) == _OLD_COLUMNS:
+        cases = f"{cells[2]} (by kind: not recorded)"
+        cells = [*cells[:2], cases, *cells[3:6], _OLD_EXCLUDED_CELL, *cells[6:]]
+    return "| " + " | ".join(cells) + " |"
 
 
 def existing_rows(section: str) -> dict[str, str]:
@@ -156,7 +238,7 @@ def existing_rows(section: str) -> dict[str, str]:
             continue
         name = _row_name(line)
         if name:
-            rows[name] = line
+            rows[name] = upgrade_row(line)
     return rows
 
 
@@ -180,7 +262,9 @@ def rewrite_section(text: str, rows: Mapping[str, str], order: Sequence[str]) ->
 def _status(outcome: Outcome) -> str:
     result = outcome.result
     if result is None:
-        return f"[yellow]not available[/] ({outcome.unavailable})"
+        return f"[yellow]not run: not available[/] ({outcome.unavailable})"
+    if not result.ran:
+        return f"[yellow]not run[/] ({result.not_run})"
     if result.ok:
         return f"[green]ok[/] {result.survived}/{result.cases} survived"
     return (
@@ -240,7 +324,7 @@ def main(argv: Sequence[str] | None = None, *, registry: Mapping[str, str] | Non
         summary.add_column(column)
     for o in outcomes:
         r = o.result
-        if r is None:
+        if r is None or not r.ran:
             summary.add_row(o.name, *["-"] * 6, _status(o))
         else:
             numbers = (r.cases, r.survived, r.accepted_corrupt, r.lost_acknowledged)
@@ -249,9 +333,19 @@ def main(argv: Sequence[str] | None = None, *, registry: Mapping[str, str] | Non
             )
     console.print(summary)
     console.print(f"results: {args.json_dir}" + ("" if args.no_doc else f"; table: {args.out}"))
-    failed = any(o.result is not None and not o.result.ok for o in outcomes)
-    missing = any(o.result is None for o in outcomes)
-    return 1 if failed or (args.strict and missing) else 0
+    skipped = [o.name for o in outcomes if o.status == "not run"]
+    if skipped:
+        console.print(f"[yellow]not run (neither passed nor failed):[/] {', '.join(skipped)}")
+    return exit_status([o.status for o in outcomes], strict=args.strict)
+
+
+def exit_status(statuses: Sequence[Status], *, strict: bool = False) -> int:
+    """0: all passed; 1: one failed (or, ``strict``, did not run); 3: one did not run."""
+    if "failed" in statuses:
+        return EXIT_FAILED
+    if "not run" in statuses:
+        return EXIT_FAILED if strict else EXIT_NOT_RUN
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -55,6 +55,15 @@ from mouthguard.tiers.s3 import S3Tier
 from reliability.record import HarnessResult, Level
 
 HARNESS = "s3-faults"
+#: The proxy's fault kinds, as the table words them.
+FAULT_LABELS = {
+    "error_500": "HTTP 500",
+    "slow_down": "503 SlowDown",
+    "timeout": "timeouts",
+    "reset": "connection resets",
+    "truncate": "truncated bodies",
+}
+EPISODE = "object store down, then up (one episode)"
 COMMAND = "python -m reliability.run --only s3_faults --level {level}"
 RUN = "r"
 BUCKET = "mouthguard-s3-faults"
@@ -211,26 +220,22 @@ def run(level: Level) -> HarnessResult:
     """Run the harness at ``level`` (``ci``: ~15 s; ``soak``: minutes)."""
     started = time.monotonic()
     command = COMMAND.format(level=level)
+    # Without a server nothing is exercised: the result says "not run", never
+    # "passed" with zero cases.
     if missing := missing_binaries():
-        return HarnessResult(
-            HARNESS,
-            what=f"not run: Ceph RGW is not installed (missing {', '.join(missing)}); "
-            "install it with `make system-deps`",
-            command=command,
-            details={"skipped": True},
+        why = (
+            f"no S3 server: Ceph RGW is not installed (missing {', '.join(missing)}); "
+            "install it with `make system-deps`"
         )
+        return HarnessResult.skipped(HARNESS, why, command=command)
     plan = _PLANS[level]
     try:
         with CephCluster() as endpoint, tempfile.TemporaryDirectory() as scratch:
             _create_bucket(endpoint)
             result = _exercise(plan, endpoint, Path(scratch))
     except CephStartError as exc:
-        return HarnessResult(
-            HARNESS,
-            what=f"not run: the Ceph RGW did not start: {str(exc).splitlines()[0]}",
-            command=command,
-            details={"skipped": True},
-        )
+        why = f"no S3 server: the Ceph RGW did not start: {str(exc).splitlines()[0]}"
+        return HarnessResult.skipped(HARNESS, why, command=command)
     result.command = command
     result.seconds = round(time.monotonic() - started, 2)
     return result
@@ -344,14 +349,19 @@ def _exercise(plan: _Plan, endpoint: S3Endpoint, scratch: Path) -> HarnessResult
             "slowest_save_while_down_s": round(slowest_save_while_down, 3),
         }
     )
+    by_kind = {FAULT_LABELS.get(kind, kind): n for kind, n in counts.items() if n}
     return HarnessResult(
         HARNESS,
         what=(
             f"{plan.rounds} rounds of saves, replication to S3 and loads from S3 through a "
             f"proxy injecting 500/503 SlowDown/timeouts/resets/truncated bodies at "
-            f"{plan.rate:.0%} of requests, plus one object-store-down episode"
+            f"{plan.rate:.0%} of requests, plus one object-store-down episode; one case "
+            "is one injected fault (survived: absorbed by the S3 tier's retries, no error "
+            "surfaced) or the episode"
         ),
         cases=cases,
+        cases_by_kind={**by_kind, EPISODE: 1},
+        acknowledged=len(acknowledged),
         survived=survived,
         accepted_corrupt=accepted_corrupt,
         lost_acknowledged=lost,

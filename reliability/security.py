@@ -367,6 +367,9 @@ def run(level: Level = "ci", *, seed: int = 0) -> HarnessResult:
         cases=cases,
         survived=survived,
         accepted_corrupt=accepted,
+        cases_by_kind={kind: counts["cases"] for kind, counts in per_kind.items()},
+        # Tampering with stored bytes: no save is at stake, nothing is written outside.
+        not_measured=["lost_acknowledged", "writes_outside"],
         command=f"python -m reliability.run --only security --level {level}",
         seconds=round(time.monotonic() - started, 1),
         details={

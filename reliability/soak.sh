@@ -7,7 +7,8 @@
 # by their own soak budgets; `timeout` ends the whole run after 3 hours whatever
 # happens. Expect about an hour in all. Extra arguments go to the runner, e.g.
 # `--only crash` or `--json-dir DIR`.
-# Exit status: the runner's (1 if any case did not survive), 124 on the timeout.
+# Exit status: the runner's (1 if any case did not survive; 3 if none failed but a
+# harness did not run, e.g. s3_faults without an S3 server), 124 on the timeout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec timeout --signal=INT --kill-after=60 3h .venv/bin/python -m reliability.run --level soak "$@"
