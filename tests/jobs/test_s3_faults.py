@@ -6,10 +6,6 @@ resets and truncated bodies, or refuses connections altogether (``down``).
 What must hold: saves to the fast tier never depend on the object store;
 replication gets every checkpoint across, byte-exact, with retries; nothing
 acknowledged is lost; a truncated body is never taken for data.
-
-Tests marked ``xfail(strict=True)`` are findings: they describe what the tier
-or the jobs should do and do not yet (the reasons say what breaks). Each turns
-into a failure once fixed, so the marker must then go.
 """
 
 from __future__ import annotations

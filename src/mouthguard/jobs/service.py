@@ -1,4 +1,4 @@
-"""The background service: replication (and later scrub and retention) in a thread.
+"""The background service: replication, retention and scrubbing in one thread.
 
 One service per store object per process, shared by every Checkpointer on that
 store, so they share one :class:`BurstGate`. The thread wakes when a checkpoint
