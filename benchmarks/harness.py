@@ -32,12 +32,16 @@ class NullTicker:
         pass
 
 
+#: The note of a first-save row: measured once per run, one-time setup included.
+FIRST_NOTE = "measured once: the run's first call, one-time setup included"
+
+
 @dataclass
 class Result:
     """One table row: the timings of one operation, or why it could not be measured."""
 
     name: str
-    kind: str  # "copy", "save", "load", "stall", "async" (see report.REFERENCES)
+    kind: str  # "copy", "save", "load", "first stall", "stall", "async" (report.REFERENCES)
     times: list[float] = field(default_factory=list)
     note: str = ""
     unavailable: str = ""  # non-empty: "not available" and why

@@ -24,7 +24,7 @@ from benchmarks.state import MIB, REPO, build_state, child_pythonpath, proc_stat
 SAVES = 20
 #: Growth from save 5 to the last save that still counts as flat.
 FLAT_MIB = 32
-#: Allowed peak RSS beyond the state and one staging copy (DESIGN.md).
+#: Allowed peak RSS beyond the state and one staging copy (a target of the report).
 OVERHEAD_MIB = 256
 
 

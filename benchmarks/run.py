@@ -4,7 +4,8 @@ One run measures, on the same state and the same disk: memcpy, raw O_DIRECT I/O,
 torch.save/load, safetensors, DCP (sync and async_save) and mouthguard (sync save
 with and without checksums, async save, cold loads), the memory of 20 async saves
 in a fresh process, and the files per checkpoint of a 2-rank save; then checks the
-performance targets of DESIGN.md. See ``benchmarks/README.md`` for every row.
+performance targets the report states (:data:`benchmarks.report.TARGETS`). See
+``benchmarks/README.md`` for every row.
 """
 
 from __future__ import annotations

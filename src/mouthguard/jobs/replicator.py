@@ -80,7 +80,7 @@ class Replicator:
 
     Args:
         store: the store whose tiers are managed.
-        policy: importance policy (defaults to DESIGN's table).
+        policy: importance policy (default: ``PolicyConfig()``, the default levels).
         gate: burst gate shared with the savers of this process.
         clock: what :meth:`wait_protected` waits on (the real clock by default).
     """
