@@ -1,6 +1,6 @@
 """A throwaway single-node Ceph cluster with RADOS Gateway (S3) on 127.0.0.1.
 
-A Python port of ``shared/tools/ceph-s3/start.sh``: one monitor, one memstore
+The usual single-node test recipe, in Python: one monitor, one memstore
 OSD (all data in RAM), no manager, cephx off, and radosgw with a beast frontend
 on a free loopback port. Everything lives in a fresh temporary directory, which
 is removed again on :meth:`CephCluster.stop`. Start-up takes about a second.

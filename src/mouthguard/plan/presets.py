@@ -64,8 +64,8 @@ _PRESETS = (
     ModelPreset(
         "llama3-405b",
         405_000_000_000,
-        # Meta's Llama 3 report trained 405B on 16K H100s; the seeds give the
-        # cluster size for Llama 3 generally, not a separate 405B figure.
+        # Meta's Llama 3 report trained 405B on 16K H100s; the figures quoted for
+        # Llama 3 give the cluster size generally, not a separate 405B one.
         gpus=16_384,
         interval_seconds=30 * _MINUTE,
         source="Llama 3 405B on the same 16K-GPU cluster class as 70B",
