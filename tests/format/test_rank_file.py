@@ -590,3 +590,13 @@ def test_random_json_headers_only_raise_rank_file_error(
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     loaded = safetensors.torch.load(data)
     assert set(loaded) == {e.name for e in entries}
+
+
+def test_a_header_that_is_not_utf8_is_named_in_our_words() -> None:
+    """Not Python's codec text ("'utf-8' codec can't decode byte 0xa0"): where, and what."""
+    with pytest.raises(RankFileError) as exc:
+        parse(padded_file(b'{"a\xa0": 1}'))
+    assert str(exc.value) == "rank file header is not valid UTF-8 JSON (byte 11 of the file)"
+    with pytest.raises(RankFileError, match="lone surrogate") as exc:
+        parse(padded_file(b'{"\\ud800": 1}'))
+    assert "codec" not in str(exc.value)

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 from typing import Any
-
-import torch
 
 from mouthguard.format.typed_json import JsonValue
 
@@ -64,6 +63,8 @@ class TorchRanks(RankGroup):
 
     def all_gather(self, value: JsonValue) -> list[JsonValue]:
         """Every rank's ``value`` as JSON bytes over gloo (see the module docstring)."""
+        import torch  # noqa: PLC0415 - single-process users of this module never need torch
+
         payload = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
         size = torch.tensor([len(payload)], dtype=torch.int64)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
@@ -90,6 +91,10 @@ class TorchRanks(RankGroup):
 
 def detect_ranks(group: Any = None) -> RankGroup:
     """:class:`TorchRanks` when torch.distributed is initialised with >1 rank, else single."""
+    if "torch" not in sys.modules:
+        # Nothing can have initialised torch.distributed without importing torch, and a
+        # command that only reads (the CLI's ls, hold) must not pay seconds to import it.
+        return RankGroup()
     try:
         import torch.distributed as dist  # noqa: PLC0415 - optional at runtime
     except ImportError:  # pragma: no cover - torch builds without distributed

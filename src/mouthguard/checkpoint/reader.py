@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint.catalog import manifest_key
 from mouthguard.checkpoint.read_ahead import READ_AHEAD, read_in_order
@@ -45,6 +44,9 @@ from mouthguard.format.state_tree import (
 )
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
+
+if TYPE_CHECKING:
+    import torch
 
 READ_CHUNK_BYTES = 16 * 1024 * 1024
 
@@ -173,6 +175,9 @@ def _into_targets(into: object) -> dict[str, torch.Tensor]:
 
 
 def _plan(manifest: Manifest, rank: int, into_map: dict[str, torch.Tensor]) -> list[_Target]:
+    # Here, not at the top: verifying and listing copies (the CLI) must not import torch.
+    import torch  # noqa: PLC0415
+
     refs = _check_references(manifest, rank)
     targets = []
     for record in manifest.tensors_in(_rank_file(manifest, rank).name):

@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-
-import torch
+from typing import TYPE_CHECKING
 
 from mouthguard.errors import FormatError
 from mouthguard.format.rank_file import RankFileLayout
 from mouthguard.format.state_tree import FlatState
+
+# torch is imported where tensors are made: the checkpointer imports this module,
+# and commands that only read manifests (the CLI's ls, verify) must not load torch.
+if TYPE_CHECKING:
+    import torch
 
 #: Capacity grows in steps of this size, so small changes of the state reuse it.
 GROWTH_STEP = 16 * 1024 * 1024
@@ -54,6 +58,8 @@ class StagingBuffer:
 
     def reserve(self, nbytes: int, *, pinned: bool) -> torch.Tensor:
         """A uint8 tensor of exactly ``nbytes`` over the buffer (reallocated only to grow)."""
+        import torch  # noqa: PLC0415 - see the module's imports
+
         if self._tensor is None or self.capacity < nbytes or self._pinned != pinned:
             self.release()  # free the old buffer first: never hold two at once
             capacity = max(-(-nbytes // GROWTH_STEP) * GROWTH_STEP, GROWTH_STEP)
@@ -92,6 +98,8 @@ def snapshot(flat: FlatState, layout: RankFileLayout, image: torch.Tensor) -> No
     Raises:
         FormatError: a tensor no longer matches the layout (changed meanwhile).
     """
+    import torch  # noqa: PLC0415 - see the module's imports
+
     if image.numel() != layout.size:
         raise FormatError(f"staging image has {image.numel()} bytes, layout needs {layout.size}")
     header = torch.frombuffer(bytearray(layout.header), dtype=torch.uint8)

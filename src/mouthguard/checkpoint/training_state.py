@@ -12,10 +12,10 @@ import random
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import numpy as np
-import torch
-
 from mouthguard.errors import StateMismatchError
+
+# numpy and torch are imported by the two functions that use them: this module is
+# part of ``import mouthguard``, which the CLI's non-tensor commands do without them.
 
 
 class Stateful(Protocol):
@@ -30,6 +30,9 @@ class Stateful(Protocol):
 
 def capture_rng_state() -> dict[str, object]:
     """Snapshot every RNG a training loop commonly draws from."""
+    import numpy as np  # noqa: PLC0415 - see the module's imports
+    import torch  # noqa: PLC0415
+
     version, internal, gauss = random.getstate()
     legacy = np.random.get_state(legacy=True)
     assert isinstance(legacy, tuple)  # legacy=True always gives the MT19937 tuple
@@ -50,6 +53,9 @@ def restore_rng_state(state: Mapping[str, object]) -> None:
     Raises:
         StateMismatchError: the snapshot is malformed.
     """
+    import numpy as np  # noqa: PLC0415 - see the module's imports
+    import torch  # noqa: PLC0415
+
     try:
         python_state: Any = state["python"]
         version, internal, gauss = python_state

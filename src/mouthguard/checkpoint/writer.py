@@ -28,8 +28,6 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 
-import torch
-
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.catalog import checkpoint_prefix, partial_prefix, rank_file_name
 from mouthguard.errors import CheckpointExistsError, FormatError, ObjectExistsError
@@ -180,6 +178,8 @@ def commit_bytes(tier: Tier, staging: str, final: str, manifest_bytes: bytes) ->
 def framework_versions() -> dict[str, str]:
     """Versions recorded in every manifest, for diagnosing a resume across upgrades."""
     import platform  # noqa: PLC0415 - only needed here
+
+    import torch  # noqa: PLC0415 - commands that never save (the CLI) must not load torch
 
     import mouthguard  # noqa: PLC0415 - avoid an import cycle at module load
 

@@ -2,35 +2,52 @@
 
 Only dtypes that safetensors itself defines are stored, so every rank file opens
 with any safetensors reader. Item sizes are kept here (not asked of torch at
-parse time) so a hostile manifest can be validated without allocating anything.
+parse time) so a hostile manifest can be validated without allocating anything,
+and without importing torch: listing and verifying checkpoints never need it.
 """
 
 from __future__ import annotations
 
-import torch
+import functools
+from typing import TYPE_CHECKING
 
 from mouthguard.errors import FormatError
 
-#: safetensors code -> (torch dtype, item size in bytes)
-_CODES: dict[str, tuple[torch.dtype, int]] = {
-    "BOOL": (torch.bool, 1),
-    "U8": (torch.uint8, 1),
-    "I8": (torch.int8, 1),
-    "I16": (torch.int16, 2),
-    "U16": (torch.uint16, 2),
-    "I32": (torch.int32, 4),
-    "U32": (torch.uint32, 4),
-    "I64": (torch.int64, 8),
-    "U64": (torch.uint64, 8),
-    "F16": (torch.float16, 2),
-    "BF16": (torch.bfloat16, 2),
-    "F32": (torch.float32, 4),
-    "F64": (torch.float64, 8),
-    "C64": (torch.complex64, 8),
-    "F8_E4M3": (torch.float8_e4m3fn, 1),
-    "F8_E5M2": (torch.float8_e5m2, 1),
+if TYPE_CHECKING:
+    import torch
+
+#: safetensors code -> (name of the torch dtype, item size in bytes)
+_CODES: dict[str, tuple[str, int]] = {
+    "BOOL": ("bool", 1),
+    "U8": ("uint8", 1),
+    "I8": ("int8", 1),
+    "I16": ("int16", 2),
+    "U16": ("uint16", 2),
+    "I32": ("int32", 4),
+    "U32": ("uint32", 4),
+    "I64": ("int64", 8),
+    "U64": ("uint64", 8),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "F32": ("float32", 4),
+    "F64": ("float64", 8),
+    "C64": ("complex64", 8),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
 }
-_BY_DTYPE: dict[torch.dtype, str] = {dtype: code for code, (dtype, _) in _CODES.items()}
+
+
+@functools.cache
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    """The torch dtype of each code; torch is imported on the first tensor conversion."""
+    import torch  # noqa: PLC0415 - only code paths that build tensors pay for torch
+
+    return {code: getattr(torch, name) for code, (name, _) in _CODES.items()}
+
+
+@functools.cache
+def _codes_by_dtype() -> dict[torch.dtype, str]:
+    return {dtype: code for code, dtype in _torch_dtypes().items()}
 
 
 def dtype_code(dtype: torch.dtype) -> str:
@@ -40,7 +57,7 @@ def dtype_code(dtype: torch.dtype) -> str:
         FormatError: safetensors cannot carry this dtype.
     """
     try:
-        return _BY_DTYPE[dtype]
+        return _codes_by_dtype()[dtype]
     except KeyError:
         raise FormatError(f"dtype {dtype} cannot be stored in a safetensors file") from None
 
@@ -48,7 +65,7 @@ def dtype_code(dtype: torch.dtype) -> str:
 def torch_dtype(code: str) -> torch.dtype:
     """Return the torch dtype for a safetensors code, or raise FormatError."""
     try:
-        return _CODES[code][0]
+        return _torch_dtypes()[code]
     except (KeyError, TypeError):
         raise FormatError(f"unknown tensor dtype code {code!r}") from None
 
@@ -91,4 +108,4 @@ def validate_shape(shape: object, where: str) -> tuple[int, ...]:
 
 def is_supported(dtype: torch.dtype) -> bool:
     """Whether tensors of ``dtype`` can be stored."""
-    return dtype in _BY_DTYPE
+    return dtype in _codes_by_dtype()

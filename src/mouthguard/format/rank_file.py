@@ -20,12 +20,13 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from mouthguard.errors import FormatError, RankFileError
 from mouthguard.format.dtypes import itemsize, validate_shape
+
+if TYPE_CHECKING:
+    import torch
 
 HEADER_ALIGN = 4096
 #: Upper bound on a header we agree to parse; safetensors itself caps it at 100 MB.
@@ -148,9 +149,14 @@ def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], 
     if len(head) < data_offset:
         raise RankFileError("rank file header is truncated")
     try:
+        text = head[8:data_offset].decode("utf-8")
+    except UnicodeDecodeError as exc:  # its own text names a codec, not the file
+        raise RankFileError(
+            f"rank file header is not valid UTF-8 JSON (byte {8 + exc.start} of the file)"
+        ) from None
+    try:
         # Strict like safetensors' own parser: no NaN/Infinity tokens, no lone
         # surrogates, so a file we accept is one every safetensors reader accepts.
-        text = head[8:data_offset].decode("utf-8")
         raw = json.loads(
             text,
             parse_constant=_reject_constant,
@@ -235,7 +241,7 @@ def _reject_constant(token: str) -> object:
 def _reject_surrogates(value: object) -> None:
     """Raise on what safetensors' JSON parser refuses and Python's accepts.
 
-    Lone surrogates in any string (UnicodeError), and nesting deeper than
+    Lone surrogates in any string, and nesting deeper than
     :data:`MAX_HEADER_DEPTH` (serde_json stops at 128 levels; we stop earlier,
     as our own headers are three levels deep).
     """
@@ -243,7 +249,10 @@ def _reject_surrogates(value: object) -> None:
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            item.encode("utf-8")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:  # its own text names a codec, not the problem
+                raise ValueError("a string holds a lone surrogate (not valid Unicode)") from None
         elif isinstance(item, dict | list):
             if depth > MAX_HEADER_DEPTH:
                 raise ValueError(f"nesting deeper than {MAX_HEADER_DEPTH} levels")
@@ -253,6 +262,8 @@ def _reject_surrogates(value: object) -> None:
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
     """Return the raw bytes of a contiguous CPU tensor as a flat memoryview (no copy)."""
+    import torch  # noqa: PLC0415 - parsing headers (ls, verify) must not import torch
+
     assert tensor.is_contiguous()
     assert tensor.device.type == "cpu"
     flat = tensor.reshape(-1)

@@ -20,13 +20,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from mouthguard.errors import FormatError, UnsupportedStateError
 from mouthguard.format import typed_json
 from mouthguard.format.dtypes import dtype_code, is_supported, itemsize, torch_dtype, validate_shape
 from mouthguard.format.typed_json import JsonValue
+
+# torch is imported by the functions that handle tensors: reading a skeleton's
+# references (verify, ls) must not pay for importing it.
+if TYPE_CHECKING:
+    import torch
 
 STORAGE_PREFIX = "__storage__."
 _MAX_DEPTH = 256
@@ -63,6 +67,8 @@ def iter_tensors(state: object) -> Iterator[tuple[tuple[str | int, ...], torch.T
     Walks dicts, lists and tuples exactly as the typed-JSON encoder does. Cycles and
     over-deep nesting are not descended into: the encoder reports them properly.
     """
+    import torch  # noqa: PLC0415 - see the module's imports
+
     active: set[int] = set()
 
     def walk(
@@ -116,6 +122,8 @@ def flatten_state(state: object) -> FlatState:
         UnsupportedStateError: an object cannot be stored without pickle, or a tensor
             has a dtype safetensors cannot carry; the message names its key path.
     """
+    import torch  # noqa: PLC0415 - see the module's imports
+
     found = list(iter_tensors(state))
     names = _unique_names(parts for parts, _ in found)
     groups: dict[object, list[tuple[str, tuple[str | int, ...], torch.Tensor]]] = {}
@@ -154,6 +162,8 @@ def _shared_storage_blob(
     refs: dict[int, JsonValue],
 ) -> StoredTensor:
     """Store the bytes covered by differing views of one storage once, as a U8 tensor."""
+    import torch  # noqa: PLC0415 - see the module's imports
+
     extents = [_byte_extent(t) for _, _, t in members]
     lo, hi = min(s for s, _ in extents), max(e for _, e in extents)
     blob_name = STORAGE_PREFIX + name
@@ -198,8 +208,8 @@ def _unique_names(all_parts: Iterator[tuple[str | int, ...]]) -> list[str]:
     return names
 
 
-TensorLookup = Callable[[str, str], torch.Tensor]
-TensorFinish = Callable[[torch.Tensor, str], torch.Tensor]
+TensorLookup = Callable[[str, str], "torch.Tensor"]
+TensorFinish = Callable[["torch.Tensor", str], "torch.Tensor"]
 
 
 def unflatten_state(
@@ -248,6 +258,8 @@ def tensor_references(skeleton: JsonValue) -> dict[str, list[str]]:
 
 
 def _rebuild_view(spec: dict[str, JsonValue], path: str, lookup: TensorLookup) -> torch.Tensor:
+    import torch  # noqa: PLC0415 - see the module's imports
+
     storage, code = spec.get("storage"), spec.get("dtype")
     offset, shape, stride = spec.get("offset"), spec.get("shape"), spec.get("stride")
     if not (

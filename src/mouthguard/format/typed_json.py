@@ -18,12 +18,10 @@ import json
 import math
 import re
 import reprlib
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeAlias, cast
-
-import numpy as np
-import torch
+from typing import Any, NoReturn, TypeAlias, cast
 
 from mouthguard.errors import FormatError, UnsupportedStateError
 
@@ -56,6 +54,30 @@ _repr = _short.repr
 def format_key_path(parts: Sequence[str | int], root: str = "state") -> str:
     """Render a key path the way Python would index it, e.g. ``state['layers'][3]``."""
     return root + "".join(f"[{part!r}]" for part in parts)
+
+
+def _loaded(name: str) -> Any:
+    """The module ``name`` if something already imported it, else None.
+
+    Encoding asks "is this a numpy scalar / a torch.Size?" of every value; an
+    object can only be one if its module is loaded, so the codec never imports
+    numpy or torch to answer (manifests are read by commands that need neither).
+    """
+    return sys.modules.get(name)
+
+
+def _numpy_scalar(obj: object) -> bool:
+    np = _loaded("numpy")
+    return (
+        np is not None
+        and isinstance(obj, np.bool_ | np.integer | np.floating)
+        and cast(Any, obj).dtype.name in _NUMPY_DTYPES
+    )
+
+
+def _torch_size(obj: object) -> bool:
+    torch = _loaded("torch")
+    return torch is not None and type(obj) is torch.Size
 
 
 def _type_name(obj: object) -> str:
@@ -153,10 +175,11 @@ class _Encoder:
                 raise self.error(": int has more decimal digits than sys.get_int_max_str_digits()")
             return obj
         # Before float: np.float64 subclasses float but must keep its numpy type.
-        if isinstance(obj, np.bool_ | np.integer | np.floating) and obj.dtype.name in _NUMPY_DTYPES:
+        if _numpy_scalar(obj):
+            scalar: Any = obj
             self.need(depth, 1)
-            value = obj.item()  # the exact Python bool / int / float
-            return {"$numpy": obj.dtype.name, "value": self.enc(value, depth + 1)}
+            value = scalar.item()  # the exact Python bool / int / float
+            return {"$numpy": scalar.dtype.name, "value": self.enc(value, depth + 1)}
         if type(obj) is float and math.isfinite(obj):
             return obj  # json writes repr(), which round-trips exactly, -0.0 included
         return self.enc_other(obj, depth)
@@ -168,11 +191,12 @@ class _Encoder:
         if type(obj) is bytes:
             self.need(depth, 1)
             return {"$bytes": base64.b64encode(obj).decode("ascii")}
-        if type(obj) is torch.Size:
+        if _torch_size(obj):
+            size = cast(tuple[int, ...], obj)
             self.need(depth, 2)
-            if not all(0 <= dim < _SIZE_LIMIT for dim in obj):
-                raise self.error(f": torch.Size {obj} has a negative or too large dimension")
-            return {"$size": list(obj)}
+            if not all(0 <= dim < _SIZE_LIMIT for dim in size):
+                raise self.error(f": torch.Size {size} has a negative or too large dimension")
+            return {"$size": list(size)}
         if type(obj) is list or type(obj) is tuple or type(obj) is dict or type(obj) is OrderedDict:
             if id(obj) in self.active:
                 raise self.error(": cyclic reference (the object contains itself)")
@@ -341,6 +365,8 @@ class _Decoder:
                 raise self.error(
                     f"$size payload must hold ints in [0, 2**63), got {_repr(payload)}"
                 )
+            import torch  # noqa: PLC0415 - only a state holding a torch.Size needs it
+
             return torch.Size(payload)
         return self.dict_(payload, depth)
 
@@ -382,6 +408,8 @@ class _Decoder:
     def numpy(self, name: object, value: object, depth: int) -> object:
         if type(name) is not str or name not in _NUMPY_DTYPES:
             raise self.error(f"$numpy dtype must be a bool/int/uint/float name, not {_repr(name)}")
+        import numpy as np  # noqa: PLC0415 - only a state holding numpy scalars needs it
+
         dtype = np.dtype(name)
         if type(value) is bool and dtype.kind == "b":
             return dtype.type(value)

@@ -41,8 +41,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import torch
-
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo
@@ -76,6 +74,9 @@ _T = TypeVar("_T")
 
 def chaos_state(step: int) -> dict[str, object]:
     """The state saved at ``step``: deterministic, a few KiB, of varying size and dtypes."""
+    # torch is imported here, not at the top: `mouthguard --help` imports this module.
+    import torch  # noqa: PLC0415
+
     gen = torch.Generator().manual_seed(step)
     n = 64 + (step * 37) % 1500
     return {
@@ -91,6 +92,8 @@ def chaos_state(step: int) -> dict[str, object]:
 
 def same_state(got: object, want: object) -> bool:
     """Exact equality: same structure, same plain values, tensors with identical bytes."""
+    import torch  # noqa: PLC0415 - see chaos_state
+
     if isinstance(want, torch.Tensor):
         return (
             isinstance(got, torch.Tensor)
