@@ -196,3 +196,31 @@ def test_the_mouthguard_command_runs_plan_and_simulate_without_a_store(
         "flat",
     }
     assert not (tmp_path / "mouthguard-store").exists()
+
+
+def test_the_model_is_positional_or_a_preset_flag() -> None:
+    # `simulate` takes --preset; the same form works here, and the positional still does.
+    assert run_json("--preset", "llama3-70b") == run_json("llama3-70b")
+
+
+def test_no_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text = run_text()
+    assert code == 2 and text == ""
+    assert "give a model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("70b", "--gpus", "0"), "argument --gpus: must be an integer >= 1: '0'"),
+        (("70b", "--gpus", "x"), "argument --gpus: must be an integer >= 1: 'x'"),
+        (("70b", "--run-days", "0"), "argument --run-days: must be > 0: '0'"),
+        (("70b", "--interval-seconds", "soon"), "argument --interval-seconds: not a number"),
+    ],
+)
+def test_bad_numbers_are_worded_for_people(
+    argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse(*argv)
+    assert message in capsys.readouterr().err

@@ -86,6 +86,31 @@ def test_unwritable_plot_exits_2(tmp_path: Path) -> None:
     assert code == 2
 
 
+@pytest.mark.parametrize(("suffix", "magic"), [(".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_plot_is_written_in_the_format_its_suffix_names(
+    tmp_path: Path, suffix: str, magic: bytes
+) -> None:
+    path = tmp_path / f"cost{suffix}"
+    code, _ = _run("--runs", "1", "--json", "--plot", str(path))
+    assert code == 0 and path.read_bytes().startswith(magic)
+
+
+@pytest.mark.parametrize("name", ["cost.txt", "cost"])
+def test_a_plot_suffix_that_names_no_image_format_is_refused(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = _run("--runs", "1", "--plot", str(tmp_path / name))
+    assert code == 2 and out == ""
+    assert f"{name}: name a .png, .svg or .pdf file" in capsys.readouterr().err
+    assert not (tmp_path / name).exists()
+
+
+def test_the_model_may_be_positional_as_in_plan() -> None:
+    args = _parser().parse_args(["simulate", "llama3-405b", "--runs", "1"])
+    assert args.preset == "llama3-405b"
+    assert _parser().parse_args(["simulate"]).preset == simulate.DEFAULT_PRESET
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -102,7 +102,10 @@ def open_store(
 
     Args:
         path: a directory, created if missing when ``create``; or a ``.toml`` file.
-        create: create the embedded default directory if it does not exist.
+        create: create the embedded default store (the directory and its tier
+            directories) where there is none. Without it, a directory that holds
+            none of the tier directories is refused rather than turned into a
+            store: reading (``mouthguard ls``) never writes.
         signing_key: manifest signing keys (:mod:`mouthguard.format.signing`);
             default ``$MOUTHGUARD_MANIFEST_KEY`` if set.
 
@@ -119,4 +122,8 @@ def open_store(
         target.mkdir(parents=True, exist_ok=True)
     elif not target.is_dir():
         raise ConfigError(f"{target} is neither a directory nor a mouthguard.toml file")
-    return store_from_config(default_config(target.resolve()), keys)
+    config = default_config(target.resolve())
+    if not create and not any(t.path is not None and t.path.is_dir() for t in config.tiers):
+        names = " or ".join(f"{t.name}/" for t in config.tiers)
+        raise ConfigError(f"no store at {target} (a store directory holds {names})")
+    return store_from_config(config, keys)

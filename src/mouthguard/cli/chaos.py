@@ -21,6 +21,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from mouthguard.checkpoint.store import Store
+from mouthguard.cli.argtypes import COUNT, checked, integer
 from mouthguard.jobs.chaos import (
     DEFAULT_FAULTS,
     ChaosReport,
@@ -33,27 +34,20 @@ from mouthguard.tiers.faults import KINDS, FaultPlan
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
-def _rounds(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``chaos``."""
     chaos = sub.add_parser(
         "chaos", help="inject storage faults into a scratch run; exit 1 if an invariant broke"
     )
-    chaos.add_argument("--rounds", type=_rounds, default=50, help="rounds (two saves each)")
+    chaos.add_argument("--rounds", type=COUNT, default=50, help="rounds (two saves each)")
     chaos.add_argument(
         "--faults",
-        type=FaultPlan.parse,
+        type=checked(FaultPlan.parse),
         default=FaultPlan.parse(DEFAULT_FAULTS),
         help=f"fault rates per tier operation, e.g. {DEFAULT_FAULTS!r} "
         f"(kinds: {', '.join(KINDS)}; delay=RATE:SECONDS)",
     )
-    chaos.add_argument("--seed", type=int, default=0, help="seed of the faults and choices")
+    chaos.add_argument("--seed", type=integer(), default=0, help="seed of the faults and choices")
     chaos.add_argument("--keep", action="store_true", help="keep the scratch run afterwards")
     chaos.add_argument("--json", action="store_true", help="print one JSON object")
 

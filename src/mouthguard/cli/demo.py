@@ -6,11 +6,15 @@ worker processes run, then the checkpoints and their copies on every tier, what
 happened in order (kill, damage, what ``load()`` rejected, where the resume read
 from, repairs), the final verification of the store, and the bitwise
 comparison with the uninterrupted reference run; last, importance at work: each
-final checkpoint's state and what ``gc`` would do to it (a dry run).
+final checkpoint's state and what ``gc`` would do to it (a dry run); and how
+much disk the run left in the store, with how to remove it. With ``--json``
+nothing is shown while it runs, and one JSON object is printed at the end
+(:func:`mouthguard.cli.demo_summary.report_json`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import statistics
@@ -32,6 +36,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from mouthguard.cli.demo_summary import DiskUse, disk_use, report_json
 from mouthguard.cli.render import human_bytes
 from mouthguard.demo import (
     DamageKind,
@@ -115,8 +120,8 @@ class _ProgressView:
         self.current = None
 
 
-def run_demo(store_path: Path, console: Console) -> int:
-    """Run the demo on the store at ``store_path``, printing to ``console``.
+def run_demo(store_path: Path, console: Console, *, as_json: bool = False) -> int:
+    """Run the demo on the store at ``store_path``, printing to ``console`` (or JSON).
 
     Returns:
         0 if the resumed run ended bitwise identical to the uninterrupted
@@ -127,6 +132,14 @@ def run_demo(store_path: Path, console: Console) -> int:
         MouthguardError: the store cannot be opened (the CLI reports it).
         ValueError: the store path is unusable (the CLI reports it).
     """
+    if as_json:
+        try:
+            report = run_scenario(store_path)
+        except DemoError as exc:
+            print(json.dumps({"ok": False, "store": str(store_path), "error": str(exc)}))
+            return 1
+        print(json.dumps(report_json(report, disk_use(report))))
+        return 0 if report.matches and report.store_verified else 1
     console.print(
         Panel(
             "Train a model with periodic checkpoints replicated to a second tier,"
@@ -184,6 +197,16 @@ def _show(report: DemoReport, console: Console) -> None:
         f"\n  mouthguard --store {store} ls {report.run}"
         f"\n  mouthguard --store {store} verify {report.run}",
         highlight=False,
+    )
+    console.print(_disk_note(disk_use(report), store), highlight=False)
+
+
+def _disk_note(disk: DiskUse, store: str) -> str:
+    """How much the run left and where, and how to remove it: demo runs accumulate."""
+    return (
+        f"\nThis run left {human_bytes(disk.run_bytes)} on disk in {store}, which now holds"
+        f" {human_bytes(disk.store_bytes)} (every demo run adds its own). Remove it when done:"
+        f"\n  rm -rf {store}        # `make clean` does this for ./mouthguard-store"
     )
 
 

@@ -32,10 +32,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mouthguard import __version__
 from mouthguard.checkpoint.store import open_store
 from mouthguard.cli import chaos, checking, doctor, lifecycle, listing, ops, plan, simulate
-from mouthguard.cli.argtypes import NON_NEGATIVE, NON_NEGATIVE_INT, STEP, Parser
+from mouthguard.cli.argtypes import NON_NEGATIVE, NON_NEGATIVE_INT, STEP, Parser, Version
 from mouthguard.cli.render import error_console, stdout_console
 from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardError
 
@@ -54,7 +53,7 @@ class UsageError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = Parser(prog="mouthguard", description="Importance-aware, verified checkpoint storage.")
-    parser.add_argument("--version", action="version", version=f"mouthguard {__version__}")
+    parser.add_argument("--version", action=Version)
     parser.add_argument(
         "--store",
         default=os.environ.get("MOUTHGUARD_STORE", DEFAULT_STORE),

@@ -1,6 +1,10 @@
 """``mouthguard hold|release|promote|replicate|agent``: act on checkpoints and their copies.
 
-``importance`` is an alias of ``promote`` (the command's earlier name).
+``demote`` and ``importance`` (the command's earlier name) are aliases of
+``promote``: each sets any level, up or down.
+
+With ``--json`` each command prints one JSON object saying what happened
+(``agent``: one JSON line per event: its start, each pass, its stop).
 
 Exit codes follow :mod:`mouthguard.cli.main`: 0 success; 1 the command ran but
 its goal is not met (no such hold to release, a checkpoint left unprotected);
@@ -37,7 +41,8 @@ from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.facts import gather
 from mouthguard.checkpoint.info import CheckpointInfo
 from mouthguard.checkpoint.store import Store
-from mouthguard.cli.render import human_bytes
+from mouthguard.cli.argtypes import COUNT, POSITIVE, STEP
+from mouthguard.cli.render import error_console, human_bytes
 from mouthguard.jobs.replicator import ReplicationReport, Replicator
 from mouthguard.policy.importance import parse_importance
 from mouthguard.policy.placement import protection_status
@@ -52,37 +57,25 @@ class UnknownCheckpointError(ValueError):
     """A run or step names no readable checkpoint (a usage error: exit code 2)."""
 
 
-def positive_float(text: str) -> float:
-    """Argparse type: a float > 0 (argparse turns the ValueError into exit 2)."""
-    value = float(text)
-    if not value > 0:  # also rejects nan
-        raise ValueError(text)
-    return value
-
-
-def positive_int(text: str) -> int:
-    """Argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``hold``, ``release``, ``promote`` (``importance``), ``replicate``, ``agent``."""
     hold = sub.add_parser("hold", help="place a named hold: the checkpoint is never deleted")
     release = sub.add_parser("release", help="release a named hold (exit 1 if there is none)")
     imp = sub.add_parser(
-        "promote", aliases=["importance"], help="change a checkpoint's importance (up or down)"
+        "promote",
+        aliases=["demote", "importance"],
+        help="change a checkpoint's importance, up or down (aliases: demote, importance)",
     )
     for cmd in (hold, release, imp):
-        cmd.add_argument("run")
-        cmd.add_argument("step", type=int)
+        cmd.add_argument("run", help="the run's name")
+        cmd.add_argument("step", type=STEP, help="the checkpoint's step")
     for cmd in (hold, release):
         cmd.add_argument("--name", default="hold", help="hold name (default: hold)")
     imp.add_argument("level", help="transient, routine, milestone, critical (or golden)")
     for cmd in (hold, imp):
         cmd.add_argument("--reason", default="", help="why (recorded with the change)")
+    for cmd in (hold, release, imp):
+        cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
     rep = sub.add_parser("replicate", help="one replication pass; exit 1 unless all protected")
     rep.add_argument("run", nargs="?", help="only this run")
@@ -90,13 +83,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     agent = sub.add_parser("agent", help="node agent: replication passes in the foreground")
     add = agent.add_argument
-    add("--interval", type=positive_float, default=30.0, help="seconds between passes")
+    add("--interval", type=POSITIVE, default=30.0, help="seconds between passes")
     add("--once", action="store_true", help="one pass, then exit")
-    add("--max-passes", type=positive_int, default=None, help="stop after N passes")
+    add("--max-passes", type=COUNT, default=None, help="stop after N passes")
     budget = "seconds after which a pass starts no new checkpoint (the rest waits a pass)"
-    add("--pass-budget", type=positive_float, default=600.0, help=budget)
+    add("--pass-budget", type=POSITIVE, default=600.0, help=budget)
     grace = "on SIGINT/SIGTERM, seconds to let the copy in flight finish (2nd signal: none)"
-    add("--stop-grace", type=positive_float, default=10.0, help=grace)
+    add("--stop-grace", type=POSITIVE, default=10.0, help=grace)
+    add("--json", action="store_true", help="print JSON lines: the start, each pass, the stop")
 
 
 # --- hold / release / promote ---------------------------------------------------
@@ -121,9 +115,26 @@ def _facts_line(info: CheckpointInfo) -> str:
     return f"{info.run} step {info.step}: importance {info.importance.value}{was}; holds: {holds}"
 
 
+def _facts_json(info: CheckpointInfo, **what: object) -> str:
+    """One JSON object: what the command did (``what``), then the checkpoint's facts now."""
+    saved = info.saved_importance
+    facts = {
+        "run": info.run,
+        "step": info.step,
+        **what,
+        "importance": info.importance.value,
+        "saved_importance": None if saved is None else saved.value,
+        "holds": list(info.holds),
+    }
+    return json.dumps(facts)
+
+
 def _hold(store: Store, args: argparse.Namespace, console: Console) -> int:
     ckpt, _ = _existing(store, args.run, args.step)
     info = ckpt.hold(args.step, args.name, reason=args.reason)
+    if args.json:
+        print(_facts_json(info, hold=args.name, placed=True))
+        return EXIT_OK
     console.print(_facts_line(info), highlight=False, soft_wrap=True)
     return EXIT_OK
 
@@ -132,13 +143,16 @@ def _release(store: Store, args: argparse.Namespace, console: Console) -> int:
     ckpt, _ = _existing(store, args.run, args.step)
     released = ckpt.release(args.step, args.name)
     if not released:
-        Console(stderr=True).print(
+        error_console().print(
             f"[red]error:[/red] no hold {escape(repr(args.name))} on {args.run} step {args.step}",
             highlight=False,
         )
     info = ckpt.info(args.step)
     assert info is not None  # info() without missing_ok raises instead
-    console.print(_facts_line(info), highlight=False, soft_wrap=True)
+    if args.json:
+        print(_facts_json(info, hold=args.name, released=released))
+    else:
+        console.print(_facts_line(info), highlight=False, soft_wrap=True)
     return EXIT_OK if released else EXIT_NOT_MET
 
 
@@ -146,6 +160,10 @@ def _importance(store: Store, args: argparse.Namespace, console: Console) -> int
     level = parse_importance(args.level)  # ValueError (exit 2) names the accepted levels
     ckpt, before = _existing(store, args.run, args.step)
     info = ckpt.set_importance(args.step, level, reason=args.reason)
+    if args.json:
+        was, changed = before.importance.value, before.importance != level
+        print(_facts_json(info, was=was, changed=changed))
+        return EXIT_OK
     change = "unchanged" if before.importance == level else f"was {before.importance.value}"
     console.print(f"{_facts_line(info)} ({change})", highlight=False, soft_wrap=True)
     return EXIT_OK
@@ -379,6 +397,27 @@ def _pass_line(number: int, result: _Pass) -> str:
     return line
 
 
+def _pass_json(number: int, result: _Pass) -> dict[str, object]:
+    """The ``--json`` form of :func:`_pass_line` (shortfalls listed, not counted)."""
+    report = result.report
+    deferred = result.total - result.visited if result.error is None else 0
+    return {
+        "event": "pass",
+        "pass": number,
+        "checked": report.checked,
+        "protected": report.protected,
+        "copies": len(report.copies),
+        "copied_bytes": report.copied_bytes,
+        "shortfalls": [
+            {"run": s.run, "step": s.step, "reason": s.reason} for s in report.shortfalls
+        ],
+        "not_reached": max(deferred, 0),
+        "cut_off": result.abandoned,
+        "error": result.error,
+        "seconds": round(result.seconds, 6),
+    }
+
+
 def _agent(store: Store, args: argparse.Namespace, console: Console) -> int:
     """Replication passes until the pass limit or a signal; always exit 0 when stopped.
 
@@ -389,21 +428,31 @@ def _agent(store: Store, args: argparse.Namespace, console: Console) -> int:
     signal, at once after a second one. A copy that is still running then is
     abandoned in its daemon thread and dies with the process (invisible debris).
     """
-    err = Console(stderr=True)
+    err = error_console()
     limit: int | None = 1 if args.once else args.max_passes
     replicator = Replicator(store, store.policy)
     stop = _Stop()
     tiers = ", ".join(f"{t.name} ({t.domain})" for t in store.tiers)
     passes = 0
     seen: set[str] = set()
+
+    def log(line: str, event: dict[str, object]) -> None:
+        _say(console, json.dumps(event) if args.json else line)
+
     with _signals_to(stop):
-        _say(
-            console, f"mouthguard agent on {store.source}: tiers {tiers}; every {args.interval:g} s"
+        log(
+            f"mouthguard agent on {store.source}: tiers {tiers}; every {args.interval:g} s",
+            {
+                "event": "start",
+                "store": store.source,
+                "tiers": [{"name": t.name, "domain": t.domain} for t in store.tiers],
+                "interval_seconds": args.interval,
+            },
         )
         while not stop.requested:
             passes += 1
             result = _one_pass(replicator, stop, args.pass_budget, args.stop_grace)
-            _say(console, _pass_line(passes, result))
+            log(_pass_line(passes, result), _pass_json(passes, result))
             # Shortfalls go to stderr, once each until they clear, so stdout stays one line a pass.
             now = {f"{s.run} step {s.step}: {s.reason}" for s in result.report.shortfalls}
             for line in sorted(now - seen):
@@ -413,7 +462,10 @@ def _agent(store: Store, args: argparse.Namespace, console: Console) -> int:
                 break
             stop.sleep(args.interval)
     reason = "stop requested" if stop.requested else "pass limit reached"
-    _say(console, f"agent stopped after {passes} passes ({reason})")
+    log(
+        f"agent stopped after {passes} passes ({reason})",
+        {"event": "stop", "passes": passes, "reason": reason},
+    )
     return EXIT_OK
 
 
@@ -427,6 +479,7 @@ HANDLERS: dict[str, Handler] = {
     "hold": _hold,
     "release": _release,
     "promote": _importance,
+    "demote": _importance,
     "importance": _importance,
     "replicate": _replicate,
     "agent": _agent,

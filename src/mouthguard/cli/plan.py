@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from mouthguard.cli.argtypes import BYTES, COUNT, NON_NEGATIVE, POSITIVE
+from mouthguard.cli.render import error_console
 from mouthguard.plan import intervals as iv
 from mouthguard.plan import sizing as sz
 from mouthguard.plan.presets import preset_names, resolve_model
@@ -33,34 +33,6 @@ DEFAULT_GPU_MTBF_HOURS = 16_384 * 24 / 1.5
 DEFAULT_RUN_DAYS = 14.0  # the 14-day run of the failure-cost example
 DEFAULT_DWPD = 1.0  # a read-intensive enterprise NVMe drive's rating
 _DTYPES = list(sz.DTYPE_BYTES)
-_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
-
-
-def _number(text: str, *, positive: bool = True, units: bool = False) -> float:
-    """Argparse type: a finite number (``> 0`` or ``>= 0``), with K/M/G/T/P suffix if ``units``."""
-    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kmgtp]?)b?(?:/s)?\s*", text, re.IGNORECASE)
-    bad = argparse.ArgumentTypeError(f"not a number: {text!r}")
-    if match is None or (match.group(2) and not units):
-        raise bad
-    try:
-        value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    except ValueError:
-        raise bad from None
-    if not (value > 0 if positive else value >= 0) or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be {'> 0' if positive else '>= 0'}: {text!r}")
-    return value
-
-
-_positive = partial(_number)
-_non_negative = partial(_number, positive=False)
-_bytes_arg = partial(_number, units=True)  # bytes or bytes/s: 600e9, 600G, 30.72TB
-
-
-def _count(text: str) -> int:
-    """Argparse type: an integer >= 1."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1: {text!r}")
-    return int(text)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,18 +42,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="checkpoint size, bandwidth, wear, lost work and the optimal interval",
         description="Checkpoint economics of a training run (sizes are decimal: 1 GB = 1e9 B).",
     )
-    p.add_argument(
-        "model",
-        help=f"a preset ({', '.join(preset_names())}; aliases 70b, 405b, 15t) "
-        "or a parameter count (70B, 1.5T, 7e9)",
+    model = (
+        f"a preset ({', '.join(preset_names())}; aliases 70b, 405b, 15t) "
+        "or a parameter count (70B, 1.5T, 7e9)"
     )
+    # Positional or --preset, as `simulate` takes it: either form works in both.
+    p.add_argument("model", nargs="?", default=argparse.SUPPRESS, metavar="MODEL", help=model)
+    p.add_argument("--preset", dest="model", metavar="MODEL", help="the same as MODEL")
     for flags, kwargs in _OPTIONS:
         p.add_argument(*flags, **kwargs)
     mtbf = p.add_mutually_exclusive_group()
-    mtbf.add_argument("--mtbf-hours", type=_positive, help="mean hours between job failures")
+    mtbf.add_argument("--mtbf-hours", type=POSITIVE, help="mean hours between job failures")
     mtbf.add_argument(
         "--gpu-mtbf-hours",
-        type=_positive,
+        type=POSITIVE,
         help=f"mean hours between failures of one GPU (default {DEFAULT_GPU_MTBF_HOURS:,.0f})",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (keys carry units)")
@@ -98,31 +72,33 @@ _OPTIONS = [
     _opt("--optimizer-dtype", _DTYPES, "Adam m and v (default fp32)", "fp32"),
     _opt("--gradients-dtype", _OPTIONAL, "default bf16", "bf16"),
     _opt("--master-weights-dtype", _OPTIONAL, "default none", "none"),
-    _opt("--gpus", _count, "GPUs in the job (default: the preset's)"),
-    _opt("--interval-seconds", _positive, "compute seconds between saves (default: preset, 1800)"),
-    _opt("--write-bandwidth", _bytes_arg, "aggregate write bandwidth, bytes/s (e.g. 600G)"),
-    _opt("--window-seconds", _positive, "seconds to land a save in (default: preset, 300)"),
-    _opt("--copies", _count, "copies written inline per save (default 1)", 1),
-    _opt("--checkpoint-seconds", _non_negative, "override the sync save's blocking seconds"),
-    _opt("--stall-seconds", _non_negative, "override the async snapshot stall, seconds"),
+    _opt("--gpus", COUNT, "GPUs in the job (default: the preset's)"),
+    _opt("--interval-seconds", POSITIVE, "compute seconds between saves (default: preset, 1800)"),
+    _opt("--write-bandwidth", BYTES, "aggregate write bandwidth, bytes/s (e.g. 600G)"),
+    _opt("--window-seconds", POSITIVE, "seconds to land a save in (default: preset, 300)"),
+    _opt("--copies", COUNT, "copies written inline per save (default 1)", 1),
+    _opt("--checkpoint-seconds", NON_NEGATIVE, "override the sync save's blocking seconds"),
+    _opt("--stall-seconds", NON_NEGATIVE, "override the async snapshot stall, seconds"),
     _opt(
         "--snapshot-bandwidth",
-        _bytes_arg,
+        BYTES,
         "per-GPU device-to-host bytes/s of an async snapshot (default 25G)",
         sz.DEFAULT_SNAPSHOT_BYTES_PER_S,
     ),
-    _opt("--restart-seconds", _non_negative, "seconds to restart after a failure (default 0)", 0.0),
-    _opt("--gpu-hour-usd", _non_negative, "USD per GPU-hour (no costs without it)"),
-    _opt("--run-days", _positive, "run length in days (default 14)", DEFAULT_RUN_DAYS),
-    _opt("--drive-capacity", _bytes_arg, "bytes per drive of the checkpoint tier (e.g. 30.72T)"),
-    _opt("--drives", _count, "drives the writes spread over (default 1)", 1),
-    _opt("--dwpd", _positive, "rated drive writes per day (default 1)", DEFAULT_DWPD),
-    _opt("--warranty-years", _positive, "rated drive life in years (default 5)", 5.0),
+    _opt("--restart-seconds", NON_NEGATIVE, "seconds to restart after a failure (default 0)", 0.0),
+    _opt("--gpu-hour-usd", NON_NEGATIVE, "USD per GPU-hour (no costs without it)"),
+    _opt("--run-days", POSITIVE, "run length in days (default 14)", DEFAULT_RUN_DAYS),
+    _opt("--drive-capacity", BYTES, "bytes per drive of the checkpoint tier (e.g. 30.72T)"),
+    _opt("--drives", COUNT, "drives the writes spread over (default 1)", 1),
+    _opt("--dwpd", POSITIVE, "rated drive writes per day (default 1)", DEFAULT_DWPD),
+    _opt("--warranty-years", POSITIVE, "rated drive life in years (default 5)", 5.0),
 ]
 
 
 def compute(args: argparse.Namespace) -> dict[str, Any]:
     """Every figure of the plan, keyed with unit suffixes. Raises ValueError on bad input."""
+    if args.model is None:
+        raise ValueError("give a model: a preset name or a parameter count (MODEL or --preset)")
     label, params, preset = resolve_model(args.model)
     gpus = args.gpus if args.gpus is not None else (preset.gpus if preset else None)
     if gpus is None:
@@ -248,7 +224,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     try:
         figures = compute(args)
     except ValueError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        error_console().print(f"[red]error:[/red] {exc}", highlight=False)
         return EXIT_USAGE
     if args.json:
         console.file.write(json.dumps(figures) + "\n")

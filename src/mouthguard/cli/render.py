@@ -1,8 +1,46 @@
-"""Shared rendering helpers for the CLI (sizes, durations, tables)."""
+"""Shared rendering helpers for the CLI (consoles, sizes, durations)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import os
+
+from rich.console import Console
+
+#: The width of output that is not a terminal (a pipe, a file, a test's capture) unless
+#: $COLUMNS says otherwise: rich would otherwise assume 80 columns, cut tables and
+#: break lines in two. Tables still take only the width their content needs.
+UNWRAPPED_WIDTH = 10_000
+
+
+class _Console(Console):
+    """A console that leaves a closed pipe to ``main``, as ``print`` does.
+
+    rich's own handling exits 1 at once; ``main`` ends with the status of SIGPIPE
+    (141) whichever way the output was written.
+    """
+
+    def on_broken_pipe(self) -> None:
+        """Stop writing and raise the BrokenPipeError for ``main`` to handle."""
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
+
+
+def stdout_console() -> Console:
+    """The console of a command's output: the terminal's width, or unwrapped when piped."""
+    return _unwrapped_off_terminal(_Console())
+
+
+def error_console() -> Console:
+    """The console of error messages: never wrapped, so an error stays one line."""
+    return _unwrapped_off_terminal(_Console(stderr=True, soft_wrap=True))
+
+
+def _unwrapped_off_terminal(console: Console) -> Console:
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = UNWRAPPED_WIDTH
+    return console
 
 
 def human_bytes(n: float) -> str:

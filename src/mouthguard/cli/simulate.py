@@ -10,8 +10,12 @@ two agree), simulates it under each policy of
                   "flat": {...}},
      "scenario": {...}, "analytic": {...}, "plot": {...}}
 
-``--plot FILE.png`` also sweeps the checkpoint interval and draws expected
-cost against it. Exit codes: 0 success; 2 bad input (on stderr, no traceback).
+``--plot FILE`` also sweeps the checkpoint interval and draws expected cost
+against it, in the format the file's suffix names (``.png``, ``.svg``, ``.pdf``;
+any other suffix is refused before the sweep). matplotlib is imported only then,
+so ``simulate`` without ``--plot`` starts fast.
+
+Exit codes: 0 success; 2 bad input (on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +30,16 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from mouthguard.cli.argtypes import BYTES, COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, integer
 from mouthguard.cli.plan import (
     DEFAULT_GPU_MTBF_HOURS,
     DEFAULT_INTERVAL_S,
     DEFAULT_RUN_DAYS,
     DEFAULT_WINDOW_S,
 )
+from mouthguard.cli.render import error_console
 from mouthguard.plan import intervals as iv
 from mouthguard.plan import sizing as sz
-from mouthguard.plan.plot import Curve, cost_vs_interval_figure, optimum, render_png
 from mouthguard.plan.policies import DEFAULT_POLICIES, FLAT, StoragePolicy
 from mouthguard.plan.presets import resolve_model
 from mouthguard.plan.simulate import PolicyResult, Scenario, simulate, sweep_intervals
@@ -50,57 +54,34 @@ DEFAULT_GPU_HOUR_USD = 30.0
 DEFAULT_CORRUPTION = 0.01
 SWEEP_POINTS = 25
 SWEEP_SPAN = 8.0  # the sweep covers centre / SPAN .. centre * SPAN
-
-
-def _number(low: float, high: float = math.inf, *, strict: bool = False) -> Any:
-    """Argparse type: a finite float in ``[low, high]`` (``(low, high]`` if ``strict``)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not (low < value if strict else low <= value) or value > high or math.isinf(value):
-            bound = f"{'>' if strict else '>='} {low:g}" + (
-                "" if high == math.inf else f", <= {high:g}"
-            )
-            raise argparse.ArgumentTypeError(f"must be {bound}: {text!r}")
-        return value
-
-    return parse
-
-
-def _count(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1: {text!r}")
-    return int(text)
+#: Plot formats, chosen by the file's suffix (all three are built into matplotlib).
+PLOT_FORMATS = ("png", "svg", "pdf")
 
 
 def _hours_list(text: str) -> tuple[float, ...]:
-    parse = _number(0.0)
+    parse = NON_NEGATIVE
     times = tuple(sorted(parse(part) * 3600.0 for part in text.split(",") if part.strip()))
     if not times:
         raise argparse.ArgumentTypeError("give at least one failure time, e.g. 3,17.5")
     return times
 
 
-_POSITIVE, _NON_NEGATIVE, _PROBABILITY = _number(0, strict=True), _number(0), _number(0, 1)
 #: (flag, argparse type, default, help) of every option but the MTBF group.
 _OPTIONS: list[tuple[str, Any, Any, str]] = [
     ("--preset", str, DEFAULT_PRESET, "model preset or parameter count (default llama3-70b)"),
-    ("--gpus", _count, None, "GPUs in the job (default: the preset's)"),
-    ("--seed", int, 0, "random seed (default 0)"),
-    ("--runs", _count, DEFAULT_RUNS, f"runs averaged (default {DEFAULT_RUNS})"),
-    ("--interval-seconds", _POSITIVE, None, "compute seconds between saves (default: preset)"),
-    ("--checkpoint-seconds", _NON_NEGATIVE, None, "seconds to land a save (default: window)"),
-    ("--write-bandwidth", _POSITIVE, None, "aggregate write bytes/s (instead of the window)"),
-    ("--stall-seconds", _NON_NEGATIVE, None, "async snapshot stall (default: shard / 25 GB/s)"),
-    ("--restart-seconds", _NON_NEGATIVE, 0.0, "restart before the read (default 0)"),
-    ("--gpu-hour-usd", _NON_NEGATIVE, DEFAULT_GPU_HOUR_USD, "USD per GPU-hour (default 30)"),
-    ("--corruption-probability", _PROBABILITY, DEFAULT_CORRUPTION, "per save (default 0.01)"),
-    ("--rebuild-probability", _PROBABILITY, None, "temperature: chance a recovery waits on EC"),
-    ("--rebuild-mean-seconds", _NON_NEGATIVE, None, "temperature: mean EC rebuild wait"),
-    ("--run-days", _POSITIVE, DEFAULT_RUN_DAYS, "days of useful compute (default 14)"),
+    ("--gpus", COUNT, None, "GPUs in the job (default: the preset's)"),
+    ("--seed", integer(), 0, "random seed (default 0)"),
+    ("--runs", COUNT, DEFAULT_RUNS, f"runs averaged (default {DEFAULT_RUNS})"),
+    ("--interval-seconds", POSITIVE, None, "compute seconds between saves (default: preset)"),
+    ("--checkpoint-seconds", NON_NEGATIVE, None, "seconds to land a save (default: window)"),
+    ("--write-bandwidth", BYTES, None, "aggregate write bytes/s, e.g. 600G (not the window)"),
+    ("--stall-seconds", NON_NEGATIVE, None, "async snapshot stall (default: shard / 25 GB/s)"),
+    ("--restart-seconds", NON_NEGATIVE, 0.0, "restart before the read (default 0)"),
+    ("--gpu-hour-usd", NON_NEGATIVE, DEFAULT_GPU_HOUR_USD, "USD per GPU-hour (default 30)"),
+    ("--corruption-probability", PROBABILITY, DEFAULT_CORRUPTION, "per save (default 0.01)"),
+    ("--rebuild-probability", PROBABILITY, None, "temperature: chance a recovery waits on EC"),
+    ("--rebuild-mean-seconds", NON_NEGATIVE, None, "temperature: mean EC rebuild wait"),
+    ("--run-days", POSITIVE, DEFAULT_RUN_DAYS, "days of useful compute (default 14)"),
 ]
 
 
@@ -112,14 +93,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Discrete-event simulation of a training run with failures, comparing "
         "importance-aware, temperature-tiered and flat storage (sizes decimal: 1 GB = 1e9 B).",
     )
+    # The model as `plan` takes it (positional) or as --preset: either form works in both.
+    p.add_argument(
+        "preset",
+        nargs="?",
+        default=argparse.SUPPRESS,
+        metavar="MODEL",
+        help="the same as --preset",
+    )
     for flag, kind, default, text in _OPTIONS:
         p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument("--mode", choices=("sync", "async"), default="sync", help="default sync")
     mtbf = p.add_mutually_exclusive_group()
-    mtbf.add_argument("--mtbf-hours", type=_POSITIVE, help="job MTBF, hours")
-    mtbf.add_argument("--gpu-mtbf-hours", type=_POSITIVE, help="per-GPU MTBF, hours")
+    mtbf.add_argument("--mtbf-hours", type=POSITIVE, help="job MTBF, hours")
+    mtbf.add_argument("--gpu-mtbf-hours", type=POSITIVE, help="per-GPU MTBF, hours")
     mtbf.add_argument("--failure-times-hours", type=_hours_list, help="e.g. 3,17.5 (wall hours)")
-    p.add_argument("--plot", metavar="FILE.png", help="also sweep the interval; draw cost vs it")
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="also sweep the interval; draw cost vs it (FILE.png, .svg or .pdf)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -231,7 +224,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         results = simulate(sc, policies, seed=args.seed, runs=args.runs)
         plot = _plot(args, sc, about, policies, console) if args.plot else None
     except (ValueError, OSError) as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        error_console().print(f"[red]error:[/red] {exc}", highlight=False)
         return EXIT_USAGE
     expected = analytic(sc)
     if args.json:
@@ -252,9 +245,20 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _check_plot_path(plot: str | None) -> None:
-    """Refuse a plot path in a missing directory before the sweep, not after it."""
-    if plot is not None and not Path(plot).parent.is_dir():
+    """Refuse a plot path in a missing directory or of an unknown format before the sweep."""
+    if plot is None:
+        return
+    if not Path(plot).parent.is_dir():
         raise ValueError(f"cannot write {plot}: no such directory")
+    if _plot_format(plot) not in PLOT_FORMATS:
+        *others, last = (f".{f}" for f in PLOT_FORMATS)
+        raise ValueError(
+            f"cannot write a plot to {plot}: name a {', '.join(others)} or {last} file"
+        )
+
+
+def _plot_format(plot: str) -> str:
+    return Path(plot).suffix.lower().removeprefix(".")
 
 
 def _plot(
@@ -264,6 +268,9 @@ def _plot(
     policies: list[StoragePolicy],
     console: Console,
 ) -> dict[str, Any]:
+    # matplotlib takes a second to import: only a plot pays for it.
+    from mouthguard.plan.plot import Curve, cost_vs_interval_figure, optimum, render  # noqa: PLC0415
+
     grid = sweep_grid(sc)
     show = not args.json and console.is_terminal
     with Progress(console=console, transient=True, disable=not show) as bar:
@@ -294,7 +301,7 @@ def _plot(
         ],
     )
     path = Path(args.plot)
-    path.write_bytes(render_png(fig))
+    path.write_bytes(render(fig, _plot_format(args.plot)))
     best = {c.label: optimum(c) for c in lines}
     return {
         "path": str(path),

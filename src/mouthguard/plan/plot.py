@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-__all__ = ["Curve", "cost_vs_interval_figure", "optimum", "render_png"]
+__all__ = ["Curve", "cost_vs_interval_figure", "optimum", "render", "render_png"]
 
 _MINUTE = 60.0
 # Fixed colours and dashes per policy so the chart reads the same every time and
@@ -147,8 +147,16 @@ def cost_vs_interval_figure(
     return fig
 
 
+def render(fig: Figure, fmt: str) -> bytes:
+    """The figure as bytes of the matplotlib format ``fmt`` (``png``, ``svg``, ``pdf``, ...).
+
+    No display is needed: Agg draws raster formats, vector formats use their own canvas.
+    """
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt)
+    return buffer.getvalue()
+
+
 def render_png(fig: Figure) -> bytes:
     """The figure as PNG bytes (Agg, no display needed)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return render(fig, "png")
