@@ -7,6 +7,7 @@ in a load of the intact copy, never in another exception.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import warnings
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import mouthguard
+from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
 from mouthguard.errors import CorruptCheckpointError
 from mouthguard.format.sealed import seal
 from mouthguard.jobs.replicator import Replicator
@@ -70,9 +72,16 @@ def test_link_planted_in_another_tier_does_not_block_the_intact_copy(
     link = durable / "r" if where == "run" else durable / "r" / f"{1:012d}"
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(outside)
-    assert torch.equal(ckpt.load(1).state["w"], torch.ones(4))  # type: ignore[index]
-    Replicator(store).replicate("r", 1)
+    loaded = ckpt.load(1)
+    assert loaded.tier == "fast" and torch.equal(loaded.state["w"], torch.ones(4))  # type: ignore[index]
+    report = Replicator(store).replicate("r", 1)
+    # No copy through the link: a shortfall that names the durable tier, nothing written outside.
+    assert report.copies == [] and report.protected == 0
+    (shortfall,) = report.shortfalls
+    assert shortfall.reason.startswith("copy fast -> durable failed")
     assert list(outside.iterdir()) == []
+    (info,) = ckpt.list()
+    assert [c.tier for c in info.copies] == ["fast"]
 
 
 def _two_copies(tmp_path: Path) -> tuple[mouthguard.Store, mouthguard.Checkpointer]:
@@ -96,8 +105,19 @@ def test_sealed_sidecar_with_a_naive_timestamp_is_tolerated(tmp_path: Path) -> N
     body = {"importance": "milestone", "reason": "", "changed_at": "2024-01-02T00:00:00"}
     path = step_path(store, "r", 1) / "sidecar.importance.json"
     path.write_bytes(seal(body))
-    ckpt.list()
-    Replicator(store).replicate("r", 1)
+    fast = read_sidecars(CopyRef(store.tier("fast"), "r", 1))
+    # A bare time is read as UTC (mouthguard always writes an offset).
+    assert fast.importance is mouthguard.Importance.MILESTONE
+    assert fast.importance_changed_at == dt.datetime(2024, 1, 2, tzinfo=dt.UTC)
+    # The newer, genuine change on the other copy wins the merge.
+    (info,) = ckpt.list()
+    assert (info.step, info.importance) == (1, mouthguard.Importance.CRITICAL)
+    report = Replicator(store).replicate("r", 1)
+    assert report.protected == 1 and not report.shortfalls and not report.copies
+    # ...and is written back over the odd copy's older one.
+    repaired = read_sidecars(CopyRef(store.tier("fast"), "r", 1))
+    assert repaired.importance is mouthguard.Importance.CRITICAL
+    assert repaired.importance_reason == "genuine"
 
 
 def test_sealed_trash_mark_at_the_end_of_time_is_tolerated(tmp_path: Path) -> None:
@@ -110,4 +130,11 @@ def test_sealed_trash_mark_at_the_end_of_time_is_tolerated(tmp_path: Path) -> No
     store, ckpt = _two_copies(tmp_path)
     body = {"reason": "retention", "trashed_at": "9999-12-31T23:59:59.999999+00:00"}
     (step_path(store, "r", 1) / "sidecar.trash.json").write_bytes(seal(body))
-    ckpt.list()
+    before = dt.datetime.now(dt.UTC)
+    (info,) = ckpt.list()
+    after = dt.datetime.now(dt.UTC)
+    # An unusable time restarts the trash delay from now: never purged early, never kept forever.
+    trashed = {c.tier: c.trashed_at for c in info.copies}
+    assert trashed["durable"] is None
+    assert trashed["fast"] is not None and before <= trashed["fast"] <= after
+    assert torch.equal(ckpt.load(1).state["w"], torch.ones(4))  # type: ignore[index]
