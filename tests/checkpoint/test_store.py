@@ -103,3 +103,15 @@ def test_bad_s3_and_policy_configuration(tmp_path: Path, text: str, message: str
     config.write_text(text)
     with pytest.raises(ConfigError, match=message):
         mouthguard.open_store(config)
+
+
+def test_create_false_refuses_a_directory_that_is_no_store(tmp_path: Path) -> None:
+    """Opening to read (``mouthguard ls``) never turns a directory into a store."""
+    with pytest.raises(ConfigError, match="no store at"):
+        mouthguard.open_store(tmp_path, create=False)
+    assert list(tmp_path.iterdir()) == []
+    mouthguard.open_store(tmp_path)  # creating it is what writing commands do
+    assert [t.name for t in mouthguard.open_store(tmp_path, create=False).tiers] == [
+        "fast",
+        "durable",
+    ]
