@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from pathlib import Path
 
@@ -295,3 +296,25 @@ def test_memory_store_works(tmp_path: Path) -> None:
     ckpt = mouthguard.Checkpointer(mouthguard.open_store(config), run="m")
     ckpt.save(1, {"w": torch.arange(5)})
     assert torch.equal(ckpt.load().state["w"], torch.arange(5))  # type: ignore[index]
+
+
+def test_a_checkpointer_is_a_context_manager_that_closes(tmp_path: Path) -> None:
+    with mouthguard.Checkpointer(tmp_path / "store", run="r", background=False) as ckpt:
+        handle = ckpt.save_async(1, {"w": torch.ones(8)})
+    # Leaving the block finished the save in flight and freed the staging buffer.
+    assert handle.done() and handle.result().step == 1
+    assert ckpt._saver.staging.capacity == 0
+
+
+def test_a_fallback_is_reported_once(
+    ckpt: mouthguard.Checkpointer, store: mouthguard.Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning is the report: no WARNING log line, which Python's last-resort handler
+    would print to stderr a second time where the application configured no logging."""
+    ckpt.save(1, {"w": torch.ones(64)})
+    ckpt.save(2, {"w": torch.ones(64) * 2})
+    flip_byte(step_path(store, "r", 2) / "rank-00000.safetensors", -1)
+    with caplog.at_level("WARNING"), pytest.warns(mouthguard.CheckpointFallbackWarning) as record:
+        assert ckpt.load().step == 1
+    assert len(record) == 1
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

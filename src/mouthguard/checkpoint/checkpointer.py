@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
@@ -254,8 +254,19 @@ class Checkpointer:
         self._saver.wait_previous()
 
     def close(self) -> None:
-        """Finish the async save in flight and free the staging buffer."""
+        """Finish the async save in flight and free the staging buffer.
+
+        Background replication is not waited for: :meth:`wait_replicated` does that.
+        A failed async save's error stays with its handle; ``close`` does not raise it.
+        """
         self._saver.close()
+
+    def __enter__(self) -> Self:
+        """``with Checkpointer(...) as ckpt:`` closes it on the way out (see :meth:`close`)."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _request(
         self,

@@ -163,7 +163,9 @@ class Loader:
         then = "trying another copy or an older checkpoint" if fallback else "trying another copy"
         where = f"checkpoint {self.run} step {ref.step} on tier {ref.tier.name!r}"
         warnings.warn(f"{where} rejected: {exc}; {then}", CheckpointFallbackWarning, stacklevel=6)
-        log.warning("rejected %s step %d on %s: %s", self.run, ref.step, ref.tier.name, exc)
+        # The warning is the report. A log line at WARNING would be printed a second time
+        # by Python's last-resort handler when the application configured no logging.
+        log.info("rejected %s step %d on %s: %s", self.run, ref.step, ref.tier.name, exc)
         if is_data_damage(exc):
             _report_damage(ref, str(exc))
 
