@@ -1,6 +1,8 @@
 # The two quickstart commands:
 #   make demo   set everything up, then run `mouthguard demo` on ./mouthguard-store
 #   make test   set everything up, then run lint, type checks and the whole test suite
+#   make clean  remove the virtual environment, the caches and ./mouthguard-store
+#               (where every demo run leaves its checkpoints)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -8,10 +10,14 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck pytest system-deps clean
 
+# Not quiet: the first run downloads torch and friends, a minute or two of pip's progress.
 $(STAMP): pyproject.toml constraints.txt
+	@echo "== creating $(VENV) and installing mouthguard with its dependencies (torch among them)"
+	@echo "== the first time this takes a minute or two; pip shows what it fetches"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+	@echo "== $(VENV) is ready"
 
 demo: $(STAMP)
 	$(BIN)/mouthguard demo
@@ -34,4 +40,4 @@ pytest: $(STAMP) system-deps
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mouthguard-store

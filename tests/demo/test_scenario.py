@@ -376,3 +376,22 @@ def test_lifecycle_of_a_small_run(ckpt: mouthguard.Checkpointer) -> None:
     broken = dataclasses.replace(life, trashed_after=(1,))
     console.print(render_lifecycle(broken, "r", Path("s"), ("fast", "durable")))
     assert "The dry run changed the store" in console.export_text()
+
+
+@pytest.mark.slow
+def test_the_demo_says_what_it_left_on_disk_and_has_a_json_form(demo_run: DemoRun) -> None:
+    from mouthguard.cli.demo_summary import disk_use, report_json  # noqa: PLC0415
+    from mouthguard.cli.render import human_bytes  # noqa: PLC0415
+
+    disk = disk_use(demo_run.report)
+    assert 0 < disk.run_bytes <= disk.store_bytes
+    text = " ".join(demo_run.output.split())
+    assert f"This run left {human_bytes(disk.run_bytes)} on disk in {demo_run.store}" in text
+    assert f"rm -rf {demo_run.store}" in text
+    body = report_json(demo_run.report, disk)
+    assert body["ok"] is True and body["disk"] == {
+        "run_bytes": disk.run_bytes,
+        "store_bytes": disk.store_bytes,
+    }
+    assert body["resumed_from"] == {"step": 30, "tier": "durable"}
+    print(f"demo run left {disk.run_bytes / 1e6:.0f} MB")  # the figure the README quotes

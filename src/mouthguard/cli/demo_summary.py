@@ -1,6 +1,6 @@
 """What ``mouthguard demo`` leaves behind, and its ``--json`` object.
 
-Every demo run writes its checkpoints (about 600 MB: a model's state, on two
+Every demo run writes its checkpoints (about 620 MiB: a model's state, on two
 tiers, several steps) into the store under a new run name, and keeps them so
 that they can be listed and verified afterwards. Runs accumulate, so the demo
 says how much this run left and how much the store holds in all.
