@@ -52,7 +52,10 @@ class UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
-    parser = Parser(prog="mouthguard", description="Importance-aware, verified checkpoint storage.")
+    # Typed as the base class: the add_parser functions take any parser's subparsers.
+    parser: argparse.ArgumentParser = Parser(
+        prog="mouthguard", description="Importance-aware, verified checkpoint storage."
+    )
     parser.add_argument("--version", action=Version)
     parser.add_argument(
         "--store",
