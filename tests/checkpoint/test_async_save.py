@@ -44,6 +44,29 @@ def _slow_store(tmp_path: Path, rate: float) -> mouthguard.Store:
     return mouthguard.Store([ThrottledTier(LocalTier(tmp_path / "fast"), rate)])
 
 
+class _GatedTier(LocalTier):
+    """A local tier whose rank-file writes wait until ``opened`` is set.
+
+    A save is then certainly still in flight until the test opens the gate,
+    however fast or slow the machine is.
+    """
+
+    def __init__(self, root: Path, opened: threading.Event) -> None:
+        super().__init__(root)
+        self.opened = opened
+
+    def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
+        if key.endswith(".safetensors") and not self.opened.wait(timeout=60):
+            raise TierError(f"the test never opened the gate for {key!r}")
+        return super().put(key, data, mode=mode)
+
+
+def _gated(tmp_path: Path) -> tuple[mouthguard.Checkpointer, threading.Event]:
+    opened = threading.Event()
+    store = mouthguard.Store([_GatedTier(tmp_path / "fast", opened)])
+    return mouthguard.Checkpointer(store, run="r", background=False), opened
+
+
 def test_the_saved_checkpoint_is_the_state_at_the_call(ckpt: mouthguard.Checkpointer) -> None:
     state = _state()
     expected = _state()
@@ -59,28 +82,42 @@ def test_the_saved_checkpoint_is_the_state_at_the_call(ckpt: mouthguard.Checkpoi
     assert info.stall_seconds is not None and info.stall_seconds == handle.stall_seconds
     assert info.save_seconds is not None and info.save_seconds >= info.stall_seconds
     assert_same(ckpt.load(5).state, expected)
+    assert not ckpt.staging_pinned  # CPU tensors: an ordinary page-aligned buffer
 
 
 def test_handle_reports_progress_and_completion(tmp_path: Path) -> None:
-    ckpt = mouthguard.Checkpointer(_slow_store(tmp_path, 2e6), run="r", background=False)
-    handle = ckpt.save_async(1, {"w": torch.randn(512, 1024)})  # 2 MiB at 2 MB/s
+    ckpt, opened = _gated(tmp_path)
+    handle = ckpt.save_async(1, {"w": torch.randn(512, 1024)})
     assert isinstance(handle, SaveHandle)
-    assert not handle.done()
+    assert not handle.done()  # held at the gate
     assert handle.wait(timeout=0.01) is False
     with pytest.raises(TimeoutError, match="still running"):
         handle.result(timeout=0.01)
+    opened.set()
     assert handle.wait(timeout=60) is True
     assert handle.done()
     assert ckpt.steps() == [1]
 
 
 def test_a_new_save_waits_for_the_one_in_flight(tmp_path: Path) -> None:
-    ckpt = mouthguard.Checkpointer(_slow_store(tmp_path, 4e6), run="r", background=False)
-    first = ckpt.save_async(1, {"w": torch.randn(256, 1024)})  # 1 MiB: ~0.25 s
-    assert not first.done()
-    second = ckpt.save_async(2, {"w": torch.randn(256, 1024)})
-    # Backpressure: the second snapshot began only after the first save finished.
-    assert first.done()
+    ckpt, opened = _gated(tmp_path)
+    first = ckpt.save_async(1, {"w": torch.randn(256, 1024)})
+    assert not first.done()  # held at the gate
+    returned: list[tuple[SaveHandle, bool]] = []
+
+    def second_save() -> None:
+        handle = ckpt.save_async(2, {"w": torch.randn(256, 1024)})
+        returned.append((handle, first.done()))
+
+    caller = threading.Thread(target=second_save)
+    caller.start()
+    caller.join(timeout=0.2)
+    # Backpressure: while the first save is held, the second call cannot return.
+    assert caller.is_alive() and returned == []
+    opened.set()
+    caller.join(timeout=60)
+    ((second, first_done_on_return),) = returned
+    assert first_done_on_return  # its snapshot began only after the first save finished
     assert second.waited_seconds > 0
     assert second.stall_seconds >= second.waited_seconds
     second.result(timeout=60)
@@ -170,13 +207,23 @@ def test_many_saves_commit_every_step_exactly(ckpt: mouthguard.Checkpointer) -> 
 def test_a_save_in_flight_at_interpreter_exit_still_commits(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
-        import torch, mouthguard
+        import threading, torch, mouthguard
         from mouthguard.tiers.local import LocalTier
         from mouthguard.tiers.throttle import ThrottledTier
-        store = mouthguard.Store([ThrottledTier(LocalTier({str(tmp_path / "t")!r}), 4e6)])
-        ckpt = mouthguard.Checkpointer(store, run="r", background=False)
+
+        opened = threading.Event()
+
+        class Gated(LocalTier):
+            def put(self, key, data, *, mode):
+                if key.endswith(".safetensors"):
+                    assert opened.wait(60), "never opened"
+                return super().put(key, data, mode=mode)
+
+        slow = ThrottledTier(Gated({str(tmp_path / "t")!r}), 4e6)
+        ckpt = mouthguard.Checkpointer(mouthguard.Store([slow]), run="r", background=False)
         handle = ckpt.save_async(9, {{"w": torch.arange(300_000, dtype=torch.float32)}})
-        assert not handle.done()
+        assert not handle.done()  # held at the gate
+        opened.set()  # ~0.3 s of paced writing left as the interpreter exits
         """
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
@@ -196,13 +243,62 @@ def test_background_replication_follows_an_async_save(store: mouthguard.Store) -
     assert sorted(c.tier for c in info.copies) == ["durable", "fast"]
 
 
+def _queue_a_long_run_of_work() -> None:
+    """Queue a long run of matmuls (about a second on a GPU) on the current CUDA stream.
+
+    Copies queued after it on the same stream wait for it, so a snapshot that
+    returned without synchronising would still have its copies pending.
+    """
+    a = torch.rand(4096, 4096, device="cuda")
+    out = torch.empty_like(a)
+    for _ in range(400):
+        torch.mm(a, a, out=out)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_tensors_are_staged_in_pinned_memory(ckpt: mouthguard.Checkpointer) -> None:
-    state = {"w": torch.randn(1024, 1024, device="cuda"), "b": torch.arange(10, device="cuda")}
+@pytest.mark.parametrize("stream", ["default", "side"])
+def test_cuda_state_is_snapshotted_before_save_async_returns(
+    ckpt: mouthguard.Checkpointer, stream: str
+) -> None:
+    """Once ``save_async`` returns, changing the CUDA tensors cannot change what is saved.
+
+    The device-to-host copies are queued behind a long run of GPU work. Without
+    the snapshot's synchronisation they would still be pending when
+    ``save_async`` returns: the background writer would read a staging buffer not
+    yet filled, and a write on a side stream (which does not wait for the default
+    one) would land before the copies. The expected values live on the CPU, so
+    they cannot be touched by either; every value written is exact in its dtype,
+    and the comparison is bitwise.
+    """
+    gen = torch.Generator().manual_seed(0)
+    expected = {
+        "w": torch.randn(1024, 1024, generator=gen),
+        "h": torch.randn(333, generator=gen).to(torch.bfloat16),
+        "i": torch.randint(-1000, 1000, (77,), generator=gen),
+        "t": torch.randn(48, 64, generator=gen),
+    }
+    state = {name: tensor.to("cuda") for name, tensor in expected.items()}
+    state["t"] = state["t"].t()  # not contiguous: staged through a temporary on the device
+    expected["t"] = expected["t"].t()
+    torch.cuda.synchronize()  # the state is on the GPU before the long run of work is queued
+    _queue_a_long_run_of_work()
     handle = ckpt.save_async(1, state)
-    state["w"].add_(1)
-    handle.result(timeout=60)
-    assert ckpt._saver.staging.pinned
+    if stream == "side":
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # deliberately not waiting for the default stream
+            for tensor in state.values():
+                tensor.fill_(-7)
+        side.synchronize()
+    else:
+        for tensor in state.values():
+            tensor.fill_(-7)
+    handle.result(timeout=120)
+    assert ckpt.staging_pinned
     loaded = ckpt.load(1).state
-    assert torch.equal(loaded["w"], (state["w"] - 1).cpu())  # type: ignore[index]
-    assert torch.equal(loaded["b"], state["b"].cpu())  # type: ignore[index]
+    assert isinstance(loaded, dict) and set(loaded) == set(expected)
+    for name, tensor in expected.items():
+        assert loaded[name].device.type == "cpu"
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+    assert all(torch.equal(t.cpu(), torch.full_like(t, -7).cpu()) for t in state.values())
+    ckpt.close()
+    assert not ckpt.staging_pinned

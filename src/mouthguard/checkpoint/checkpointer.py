@@ -253,6 +253,16 @@ class Checkpointer:
         """Block until the async save in flight (if any) has finished."""
         self._saver.wait_previous()
 
+    @property
+    def staging_pinned(self) -> bool:
+        """Whether the async saves' staging buffer is page-locked (pinned) host memory.
+
+        True once :meth:`save_async` staged state with a tensor on CUDA (the
+        device-to-host copies then run asynchronously at full PCIe speed); False
+        before the first async save, after :meth:`close`, and for CPU-only state.
+        """
+        return self._saver.staging.pinned
+
     def close(self) -> None:
         """Finish the async save in flight and free the staging buffer.
 
