@@ -621,7 +621,7 @@ def test_a_header_that_is_not_utf8_is_named_in_our_words() -> None:
     """Not Python's codec text ("'utf-8' codec can't decode byte 0xa0"): where, and what."""
     with pytest.raises(RankFileError) as exc:
         parse(padded_file(b'{"a\xa0": 1}'))
-    assert str(exc.value) == "rank file header is not valid UTF-8 JSON (byte 11 of the file)"
+    assert str(exc.value) == "rank file header is not valid JSON: not UTF-8 (byte 11 of the file)"
     with pytest.raises(RankFileError, match="lone surrogate") as exc:
         parse(padded_file(b'{"\\ud800": 1}'))
     assert "codec" not in str(exc.value)

@@ -152,7 +152,7 @@ def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], 
         text = head[8:data_offset].decode("utf-8")
     except UnicodeDecodeError as exc:  # its own text names a codec, not the file
         raise RankFileError(
-            f"rank file header is not valid UTF-8 JSON (byte {8 + exc.start} of the file)"
+            f"rank file header is not valid JSON: not UTF-8 (byte {8 + exc.start} of the file)"
         ) from None
     try:
         # Strict like safetensors' own parser: no NaN/Infinity tokens, no lone
