@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -71,16 +70,14 @@ def test_without_sigterm_the_guard_does_nothing(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_step_longer_than_the_grace_ends_the_process_without_a_save(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    child = _start(store, step_seconds=3.0, grace=0.5)
+    # A step of an hour: only the grace watchdog can end the process within the wait below.
+    child = _start(store, step_seconds=3600.0, grace=0.5)
     try:
         assert child.stdout is not None
-        child.stdout.readline()  # step 1 done; step 2 sleeps 3 s
-        started = time.monotonic()
+        child.stdout.readline()  # step 1 has begun: its hour-long work is under way
         child.send_signal(signal.SIGTERM)
         code = child.wait(timeout=60)
-        elapsed = time.monotonic() - started
     finally:
         child.kill()
     assert code == 128 + signal.SIGTERM  # the watchdog's exit, not the loop's
-    assert elapsed < 2.5  # it did not wait for the step to finish
     assert mouthguard.Checkpointer(store, run="job", background=False).list() == []
