@@ -9,7 +9,10 @@ pass retries it).
 
 ``restore RUN STEP --to TIER`` makes a verified copy on TIER from an intact copy
 on another tier (exit 0, also when TIER already holds a valid copy; 1 when no
-intact source exists; 2 for an unknown tier, run or step).
+intact source exists; 2 for an unknown tier, run or step). With ``--json`` it
+prints one object: ``outcome`` is ``restored``, ``already_valid`` or
+``no_intact_source``, with the source, bytes and seconds of the copy made and
+the reasons every source failed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.markup import escape
@@ -28,22 +31,18 @@ from rich.table import Table
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import DEFAULT_GRACE_SECONDS, Checkpointer
 from mouthguard.checkpoint.facts import gather, runs_of, steps_of
+from mouthguard.checkpoint.info import UnreadableCheckpoint
+from mouthguard.checkpoint.sidecars import CopyRef
 from mouthguard.checkpoint.store import Store
-from mouthguard.checkpoint.verification import CopyTarget, verify_target
+from mouthguard.checkpoint.verification import verify_and_record
+from mouthguard.cli.argtypes import NON_NEGATIVE, STEP
+from mouthguard.cli.listing import list_run
 from mouthguard.cli.ops import EXIT_NOT_MET, EXIT_OK, Handler, UnknownCheckpointError
-from mouthguard.cli.render import human_bytes
+from mouthguard.cli.render import error_console, human_bytes
 from mouthguard.errors import CheckpointExistsError, MouthguardError
 from mouthguard.jobs.copy import CopyResult, copy_checkpoint
 from mouthguard.jobs.retention import AppliedAction, RetentionReport, apply_retention
 from mouthguard.tiers.base import Tier
-
-
-def non_negative_float(text: str) -> float:
-    """Argparse type: a float >= 0 (argparse turns the ValueError into exit 2)."""
-    value = float(text)
-    if not value >= 0:  # also rejects nan
-        raise ValueError(text)
-    return value
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,16 +56,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     gc.add_argument(
         "--grace-seconds",
-        type=non_negative_float,
+        type=NON_NEGATIVE,
         default=DEFAULT_GRACE_SECONDS,
         help="interrupted saves younger than this are left alone (a save may be in flight)",
     )
     gc.add_argument("--json", action="store_true", help="print JSON lines")
 
     restore = sub.add_parser("restore", help="make a verified copy on a tier from an intact one")
-    restore.add_argument("run")
-    restore.add_argument("step", type=int)
+    restore.add_argument("run", help="the run's name")
+    restore.add_argument("step", type=STEP, help="the checkpoint's step")
     restore.add_argument("--to", required=True, metavar="TIER", help="the tier to copy to")
+    restore.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 @contextmanager
@@ -133,10 +133,28 @@ def _gc(store: Store, args: argparse.Namespace, console: Console) -> int:
             else:
                 garbage.extend(_partial_saves(store, run, args.grace_seconds))
             bar.advance(task)
+    # Retention never deletes what no tier holds intact; say so, so it is not forgotten.
+    lost = [i for run in runs for i in list_run(store, run) if i.state == "damaged"]
     if args.json:
+        for item in lost:
+            line = {"kind": "damaged_checkpoint", "run": item.run, "step": item.step}
+            print(json.dumps({**line, "copies": [c.to_json() for c in item.copies]}))
         _gc_json(report, before, garbage)
     else:
         _gc_tables(report, before, garbage, console)
+        for item in lost:
+            why = "; ".join(f"{c.tier}: {c.damage}" for c in item.copies if c.damage)
+            unjudged = (
+                "; retention cannot judge it without a manifest: never deleted automatically"
+                if isinstance(item, UnreadableCheckpoint)
+                else ""
+            )
+            console.print(
+                f"[red]damaged on every tier[/red]: {escape(item.run)} step {item.step} -- "
+                f"{escape(why)}; no intact copy is left to load or repair from{unjudged}",
+                highlight=False,
+                soft_wrap=True,
+            )
     return EXIT_OK
 
 
@@ -309,6 +327,16 @@ def _tier(store: Store, name: str) -> Tier:
         raise UnknownCheckpointError(msg) from None
 
 
+@dataclass
+class _Restore:
+    """What ``restore`` did: ``outcome`` is restored, already_valid or no_intact_source."""
+
+    outcome: str
+    result: CopyResult | None = None
+    replaced: str | None = None  # why the copy already on the target was damaged
+    failures: list[str] = field(default_factory=list)
+
+
 def _restore(store: Store, args: argparse.Namespace, console: Console) -> int:
     run, step = catalog.validate_run(args.run), args.step
     catalog.step_dir(step)
@@ -316,56 +344,84 @@ def _restore(store: Store, args: argparse.Namespace, console: Console) -> int:
     view = gather(store, run, step)
     if view is None:
         raise UnknownCheckpointError(f"no readable checkpoint {run} step {step} in {store.source}")
-    what = f"{run} step {step}"
+    done = _Restore("no_intact_source")
     if dst.exists(catalog.manifest_key(run, step)):
-        check = verify_target(CopyTarget(run, step, dst))
+        check = verify_and_record(CopyRef(dst, run, step))
         if check.ok:
-            console.print(
-                f"{what}: {dst.name} already holds a valid copy (verified now); nothing to do",
-                highlight=False,
-            )
-            return EXIT_OK
-        console.print(
-            f"{what}: the copy on {dst.name} is damaged ({escape(check.reason)}); replacing it",
-            highlight=False,
-        )
+            return _report_restore(args, dst, _Restore("already_valid"), console, verified=True)
+        done.replaced = check.reason
     verified = {c.tier for c in view.facts.copies if c.verified}
     sources = sorted(
         (t for t in view.readable if t is not dst), key=lambda t: t.name not in verified
     )
-    failures = [f"copy on {t.name} is unreadable: {reason}" for t, reason in view.damaged]
-    result: CopyResult | None = None
-    with progress(console, show=console.is_terminal) as bar:
+    done.failures = [f"copy on {t.name} is unreadable: {reason}" for t, reason in view.damaged]
+    with progress(console, show=console.is_terminal and not args.json) as bar:
         task = bar.add_task("restoring", total=None)
         for src in sources:
-            bar.update(task, description=f"copying {what} {src.name} -> {dst.name}")
+            bar.update(task, description=f"copying {run} step {step} {src.name} -> {dst.name}")
             try:
-                result = copy_checkpoint(src, dst, run, step)
+                done.result = copy_checkpoint(src, dst, run, step)
+                done.outcome = "restored"
                 break
             except CheckpointExistsError:
-                console.print(f"{what}: {dst.name} already holds a valid copy", highlight=False)
-                return EXIT_OK
+                done.outcome = "already_valid"
+                break
             except MouthguardError as exc:
-                failures.append(f"from {src.name}: {exc}")
-    if result is None:
-        if not sources and not failures:
-            failures.append(f"no copy on any tier other than {dst.name}")
-        err = Console(stderr=True)
+                done.failures.append(f"from {src.name}: {exc}")
+    if done.outcome == "no_intact_source" and not sources and not done.failures:
+        done.failures.append(f"no copy on any tier other than {dst.name}")
+    return _report_restore(args, dst, done, console)
+
+
+def _report_restore(
+    args: argparse.Namespace, dst: Tier, done: _Restore, console: Console, *, verified: bool = False
+) -> int:
+    """Print what ``restore`` did (text, or one JSON object); its exit code."""
+    ok = done.outcome != "no_intact_source"
+    what = f"{args.run} step {args.step}"
+    if done.replaced is not None and not args.json:
+        console.print(
+            f"{what}: the copy on {dst.name} is damaged ({escape(done.replaced)})",
+            highlight=False,
+        )
+    if done.outcome == "no_intact_source":
+        err = error_console()
         err.print(
             f"[red]error:[/red] cannot restore {what} to {escape(dst.name)}: no intact source",
             highlight=False,
         )
-        for line in failures:
+        for line in done.failures:
             err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
-        return EXIT_NOT_MET
-    console.print(
-        f"restored {what} to {dst.name} from {result.source}: {human_bytes(result.nbytes)} "
-        f"in {result.seconds:.2f} s, verified by read-back",
-        highlight=False,
-    )
-    return EXIT_OK
+    if args.json:
+        result = done.result
+        body = {"run": args.run, "step": args.step, "to": dst.name, "ok": ok}
+        print(
+            json.dumps(
+                {
+                    **body,
+                    "outcome": done.outcome,
+                    "source": None if result is None else result.source,
+                    "nbytes": None if result is None else result.nbytes,
+                    "seconds": None if result is None else round(result.seconds, 6),
+                    "damaged_copy_on_target": done.replaced,
+                    "failures": done.failures,
+                }
+            )
+        )
+        return EXIT_OK if ok else EXIT_NOT_MET
+    if done.outcome == "already_valid":
+        now = " (verified now); nothing to do" if verified else ""
+        console.print(f"{what}: {dst.name} already holds a valid copy{now}", highlight=False)
+    elif done.result is not None:
+        r = done.result
+        console.print(
+            f"restored {what} to {dst.name} from {r.source}: {human_bytes(r.nbytes)} "
+            f"in {r.seconds:.2f} s, verified by read-back",
+            highlight=False,
+        )
+    return EXIT_OK if ok else EXIT_NOT_MET
 
 
 HANDLERS: dict[str, Handler] = {"gc": _gc, "restore": _restore}
 
-__all__ = ["HANDLERS", "add_parsers", "non_negative_float", "progress"]
+__all__ = ["HANDLERS", "add_parsers", "progress"]
