@@ -35,7 +35,7 @@ system-deps:
 	bash scripts/install-system-deps.sh
 
 pytest: $(STAMP) system-deps
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto  # in parallel: the suite must not depend on timing
 
 test: lint typecheck pytest
 

@@ -236,6 +236,8 @@ def test_scrub_all_ok(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "damaged": 0,
         "unreachable": 0,
         "skipped_fresh": 0,
+        "skipped_budget": 0,
+        "damaged_checkpoints": 0,
     }
     # Just verified: a max age skips them all.
     code, lines = run_json(
@@ -251,7 +253,7 @@ def test_scrub_reports_damage(root: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["--store", str(root), "scrub"]) == 1
     out = capsys.readouterr().out
     assert "DAMAGED" in out and "durable" in out and "3 ok, 1 damaged" in out
-    # The damaged copy was set aside: restore brings it back.
+    # The damaged copy is reported, not moved: restore replaces it from the intact one.
     assert main(["--store", str(root), "restore", "alpha", "20", "--to", "durable"]) == 0
     assert main(["--store", str(root), "scrub"]) == 0
 

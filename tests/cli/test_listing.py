@@ -64,7 +64,7 @@ def test_after_verify_finds_a_copy_invalid_ls_shows_it_damaged_not_verified(
     before = {d["step"]: d for d in map(json.loads, out.splitlines())}
     assert before[3]["state"] == "protected"  # the receipts were written before the rot
     code, out, _ = _run(capsys, "--store", str(damaged_store), "verify", "r", "3")
-    assert code == 1 and "DAMAGED" in out
+    assert code == 1 and "INVALID (damaged)" in out
     code, out, _ = _run(capsys, "--store", str(damaged_store), "ls", "--json")
     after = {d["step"]: d for d in map(json.loads, out.splitlines())}
     assert after[3]["state"] == "damaged"

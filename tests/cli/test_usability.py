@@ -43,8 +43,9 @@ def cli(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.Complete
         stderr=subprocess.PIPE,
         text=True,
         timeout=120,
-        # os.environ, not the process's C environment: a library may have put COLUMNS there.
-        env=dict(os.environ),
+        # A terminal width inherited from the test runner (pytest-xdist workers carry
+        # COLUMNS) would stand for the user's explicit choice: these tests pipe with none.
+        env={k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")},
         check=False,
     )
 

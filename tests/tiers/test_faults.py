@@ -412,10 +412,12 @@ def test_acknowledged_torn_writes_are_rejected_by_checksum(tmp_path: Path, kind:
         loaded = Checkpointer(clean, "r", background=False).load()
     assert loaded.step == 1 and _same(loaded.state, 1)
     assert [(r.step, r.tier) for r in loaded.rejected] == [(2, "fast")]
-    # The replicator never propagates it: it is set aside, step 1 goes to durable.
+    # The replicator never propagates it; with no intact copy to repair from it stays
+    # in place, listed as damaged. Step 1 goes to durable.
     report = Replicator(clean).run_once()
     assert [(c.step, c.destination) for c in report.copies] == [(1, "durable")]
-    assert Checkpointer(clean, "r", background=False).steps() == [1]
+    listed = Checkpointer(clean, "r", background=False).list()
+    assert [(i.step, i.state) for i in listed] == [(1, "protected"), (2, "damaged")]
 
 
 @pytest.mark.parametrize("kind", ["torn", "short"])

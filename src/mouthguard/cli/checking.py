@@ -3,8 +3,9 @@
 Both judge each copy through
 :func:`~mouthguard.checkpoint.verification.verify_and_record`, so they agree:
 ``valid`` / ``ok`` (every byte matched; a receipt was recorded, or the output
-says why it could not be), ``DAMAGED`` (proven damage, reported for repair) or
-``unreachable`` (the tier failed; nothing is concluded). Exit 0 only when every
+says why it could not be), damaged (proven damage, reported for repair; verify
+prints ``INVALID (damaged)``, scrub ``DAMAGED``) or unreachable (the tier failed;
+nothing is concluded). Exit 0 only when every
 copy read back intact.
 """
 
@@ -34,15 +35,17 @@ from mouthguard.jobs.scrub import ScrubReport, scrub
 EXIT_OK, EXIT_INVALID = 0, 1
 
 
-def _result_cell(v: Verdict, *, ok_word: str) -> str:
+def _result_cell(v: Verdict, *, ok_word: str, bad_word: str | None = None) -> str:
+    """``ok_word``, or the status (``DAMAGED``/``unreachable``) after ``bad_word`` if given."""
     if v.ok:
         cell = f"[green]{ok_word}[/green]"
         if v.record_error:
             cell += f" (receipt not recorded: {escape(v.record_error)})"
         return cell
-    if v.damaged:
-        return f"[red]DAMAGED[/red]: {escape(v.reason)}"
-    return f"[yellow]unreachable[/yellow]: {escape(v.reason)}"
+    status = "damaged" if v.damaged else "unreachable"
+    color = "red" if v.damaged else "yellow"
+    word = f"{bad_word} ({status})" if bad_word else (status.upper() if v.damaged else status)
+    return f"[{color}]{word}[/{color}]: {escape(v.reason)}"
 
 
 # --- verify --------------------------------------------------------------------------
@@ -104,7 +107,7 @@ def _print_verdicts(verdicts: list[Verdict], console: Console) -> None:
         table.add_column(column, justify="right" if column in ("step", "size") else "left")
     for v in verdicts:
         size = human_bytes(v.nbytes) if v.nbytes else "?"
-        result = _result_cell(v, ok_word="valid")
+        result = _result_cell(v, ok_word="valid", bad_word="INVALID")
         table.add_row(escape(v.run), str(v.step), escape(v.tier), size, result)
     console.print(table)
     bad = sum(not v.ok for v in verdicts)
