@@ -47,10 +47,10 @@ from mouthguard.plan.simulate import PolicyResult, Scenario, simulate, sweep_int
 EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_PRESET = "llama3-70b"
 DEFAULT_RUNS = 200
-#: The seeds' figure: "$30/GPU-hour" for a 1,000-GPU job; it is also what makes
-#: their $300K per failure of a 16,384-GPU job on a 30-minute schedule add up.
+#: A commonly quoted rate, "$30/GPU-hour" for a 1,000-GPU job; it is also what makes
+#: the often-cited $300K per failure of a 16,384-GPU job on a 30-minute schedule add up.
 DEFAULT_GPU_HOUR_USD = 30.0
-#: Silent corruption per checkpoint (assumption: the seeds give no rate).
+#: Silent corruption per checkpoint (an assumption: no published rate is used).
 DEFAULT_CORRUPTION = 0.01
 SWEEP_POINTS = 25
 SWEEP_SPAN = 8.0  # the sweep covers centre / SPAN .. centre * SPAN
