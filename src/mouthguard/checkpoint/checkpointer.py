@@ -7,7 +7,7 @@ import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
 from mouthguard.checkpoint import catalog
@@ -456,8 +456,10 @@ class Checkpointer:
             protection=missing,
         )
 
-    def unreadable(self) -> builtins.list[UnreadableCheckpoint]:
+    def unreadable(self, steps: Iterable[int] | None = None) -> builtins.list[UnreadableCheckpoint]:
         """Committed checkpoints whose manifest is proven damaged on every tier holding it.
+
+        ``steps`` limits the search (default: every committed step).
 
         :meth:`list` cannot describe them (their importance, size and time are in
         the unreadable manifest); they are never loaded, copied or deleted
@@ -465,7 +467,7 @@ class Checkpointer:
         """
         found = []
         prefix_of = catalog.checkpoint_prefix
-        for step in self.steps():
+        for step in self.steps() if steps is None else steps:
             copies = unreadable_copies(self.store, self.run, step)
             if copies:
                 found.append(

@@ -39,8 +39,12 @@ def runs_of(store: Store, run: str | None) -> list[str]:
 def list_run(store: Store, run: str) -> list[Listed]:
     """Every committed checkpoint of ``run``, readable or not, ascending by step."""
     ckpt = Checkpointer(store, run, background=False)
-    listed: list[Listed] = [*ckpt.list(), *ckpt.unreadable()]
-    return sorted(listed, key=lambda item: item.step)
+    listed: list[Listed] = []
+    for step in ckpt.steps():
+        info = ckpt.info(step, missing_ok=True)
+        # Only a step no manifest describes is read again, to say why.
+        listed.extend([info] if info is not None else ckpt.unreadable([step]))
+    return listed
 
 
 def damaged_checkpoints(store: Store, run: str | None = None) -> list[Listed]:
