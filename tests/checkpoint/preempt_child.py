@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -14,6 +15,7 @@ from mouthguard.checkpoint.emergency import PreemptionGuard
 def main() -> None:
     """Train a tiny model until preempted; print each step so the parent can time SIGTERM."""
     store, step_seconds, grace = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+    mask_main = sys.argv[4:] == ["mask-main"]
     ckpt = mouthguard.Checkpointer(store, run="job", background=False)
     torch.manual_seed(0)
     weights = torch.zeros(64)
@@ -23,6 +25,8 @@ def main() -> None:
         return step, {"w": weights.clone(), "step": step}
 
     with PreemptionGuard(ckpt, current, grace_seconds=grace) as guard:
+        if mask_main:  # SIGTERM now goes to another thread; Python's handler never runs
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         for _ in range(10_000):  # bounded: the parent always signals long before
             step += 1
             weights += 1.0

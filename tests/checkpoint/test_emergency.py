@@ -16,8 +16,10 @@ import mouthguard
 ROOT = Path(__file__).parents[2]
 
 
-def _start(store: Path, step_seconds: float, grace: float = 5.0) -> subprocess.Popen[str]:
-    args = [str(store), str(step_seconds), str(grace)]
+def _start(
+    store: Path, step_seconds: float, grace: float = 5.0, *, mask_main: bool = False
+) -> subprocess.Popen[str]:
+    args = [str(store), str(step_seconds), str(grace), *(["mask-main"] if mask_main else [])]
     return subprocess.Popen(  # our own interpreter and module
         [sys.executable, "-m", "tests.checkpoint.preempt_child", *args],
         stdout=subprocess.PIPE,
@@ -80,4 +82,26 @@ def test_a_step_longer_than_the_grace_ends_the_process_without_a_save(tmp_path: 
     finally:
         child.kill()
     assert code == 128 + signal.SIGTERM  # the watchdog's exit, not the loop's
+    assert mouthguard.Checkpointer(store, run="job", background=False).list() == []
+
+
+@pytest.mark.slow
+def test_the_watchdog_ends_the_process_when_sigterm_lands_on_another_thread(
+    tmp_path: Path,
+) -> None:
+    """The main thread blocked in C never runs Python's handler; the watchdog still fires.
+
+    The child blocks SIGTERM in its main thread, so the kernel hands it to another
+    thread (as it may hand it to one of torch's): only the wakeup-fd listener sees it.
+    """
+    store = tmp_path / "store"
+    child = _start(store, step_seconds=3600.0, grace=0.5, mask_main=True)
+    try:
+        assert child.stdout is not None
+        child.stdout.readline()
+        child.send_signal(signal.SIGTERM)
+        code = child.wait(timeout=60)
+    finally:
+        child.kill()
+    assert code == 128 + signal.SIGTERM
     assert mouthguard.Checkpointer(store, run="job", background=False).list() == []

@@ -14,6 +14,16 @@ boundary before the grace period runs out (a step longer than the grace), a
 watchdog ends the process with the conventional 128 + signal code, because a
 save that cannot finish in time is worth less than a clean, prompt exit: the
 previous checkpoint is intact either way.
+
+Why the watchdog does not wait for the Python handler: CPython runs signal
+handlers in the main thread only, the next time it executes bytecode. A step
+blocked in C (a hung collective, a long kernel, ``time.sleep``) while the kernel
+delivers SIGTERM to another thread (torch's worker threads take signals too)
+would never run the handler, and nothing would end the process before SIGKILL.
+So the guard also listens on CPython's signal wakeup fd, which the C-level
+handler writes from whichever thread the signal lands on, and a reader thread
+arms the watchdog from there. Where another wakeup fd is already set (an asyncio
+loop), the guard leaves it alone and relies on the handler alone.
 """
 
 from __future__ import annotations
@@ -74,6 +84,8 @@ class PreemptionGuard:
             None
         )
         self._saving = threading.Event()
+        self._arming = threading.RLock()  # the handler and the wakeup reader both arm
+        self._wakeup: tuple[int, int] | None = None  # (read end, write end)
 
     @property
     def requested(self) -> bool:
@@ -81,15 +93,41 @@ class PreemptionGuard:
         return self._requested_at is not None
 
     def install(self) -> PreemptionGuard:
-        """Install the SIGTERM handler (main thread only)."""
+        """Install the SIGTERM handler and the wakeup-fd listener (main thread only)."""
         self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        if previous != -1:  # someone else's (an asyncio loop): give it back
+            signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
+            os.close(read_end)
+            os.close(write_end)
+            log.info("a signal wakeup fd is already set: the watchdog relies on the handler")
+            return self
+        self._wakeup = (read_end, write_end)
+        threading.Thread(target=self._listen, args=(read_end,), daemon=True).start()
         return self
 
     def uninstall(self) -> None:
-        """Restore the previous SIGTERM handler."""
+        """Restore the previous SIGTERM handler and stop listening."""
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(-1)
+            os.close(self._wakeup[1])  # the reader sees end of file and stops
+            self._wakeup = None
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+
+    def _listen(self, read_end: int) -> None:
+        """Arm the watchdog when the C-level handler reports SIGTERM, from any thread."""
+        try:
+            while chunk := os.read(read_end, 64):
+                if signal.SIGTERM in chunk:
+                    self._arm(signal.SIGTERM)
+        except OSError:
+            pass  # the pipe was closed under us: uninstalled
+        finally:
+            os.close(read_end)
 
     def __enter__(self) -> PreemptionGuard:
         return self.install()
@@ -98,9 +136,14 @@ class PreemptionGuard:
         self.uninstall()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self._requested_at is not None:
-            return
-        self._requested_at = time.monotonic()
+        self._arm(signum)
+
+    def _arm(self, signum: int) -> None:
+        """Record the request and start the grace watchdog, once."""
+        with self._arming:
+            if self._requested_at is not None:
+                return
+            self._requested_at = time.monotonic()
         log.warning("SIGTERM: emergency checkpoint at the next step boundary")
         threading.Thread(target=self._watchdog, args=(signum,), daemon=True).start()
 
