@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+import mouthguard
 from mouthguard.cli.main import main
+from mouthguard.jobs.replicator import Replicator
 
 
 def show_json(
@@ -18,3 +21,14 @@ def show_json(
     assert main(["--store", str(store), "show", run, str(step), "--json"]) == 0
     result: dict[str, object] = json.loads(capsys.readouterr().out)
     return result
+
+
+def alpha_store(tmp_path: Path) -> Path:
+    """Default two-tier store (fast + durable): run alpha 10 routine, 20 milestone, replicated."""
+    path = tmp_path / "store"
+    store = mouthguard.open_store(path)
+    alpha = mouthguard.Checkpointer(store, "alpha", background=False)
+    alpha.save(10, {"w": torch.ones(64)}, importance="routine")
+    alpha.save(20, {"w": torch.ones(64) * 2}, importance="milestone")
+    Replicator(store).run_once()
+    return path

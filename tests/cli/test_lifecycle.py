@@ -11,9 +11,8 @@ import torch
 
 import mouthguard
 from mouthguard.cli.main import main
-from mouthguard.jobs.replicator import Replicator
 from tests.checkpoint.helpers import flip_byte
-from tests.cli.helpers import show_json
+from tests.cli.helpers import alpha_store, show_json
 
 
 @pytest.fixture(autouse=True)
@@ -25,13 +24,7 @@ def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """Default two-tier store (fast + durable): run alpha 10 routine, 20 milestone, replicated."""
-    path = tmp_path / "store"
-    store = mouthguard.open_store(path)
-    alpha = mouthguard.Checkpointer(store, "alpha", background=False)
-    alpha.save(10, {"w": torch.ones(64)}, importance="routine")
-    alpha.save(20, {"w": torch.ones(64) * 2}, importance="milestone")
-    Replicator(store).run_once()
-    return path
+    return alpha_store(tmp_path)
 
 
 @pytest.fixture

@@ -10,23 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import mouthguard
 from mouthguard.cli.main import EXIT_BROKEN_PIPE, main
-from mouthguard.jobs.replicator import Replicator
+from tests.cli.helpers import alpha_store
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """A two-tier store: run alpha, step 10 routine and step 20 milestone, replicated."""
-    path = tmp_path / "store"
-    store = mouthguard.open_store(path)
-    alpha = mouthguard.Checkpointer(store, "alpha", background=False)
-    alpha.save(10, {"w": torch.ones(64)}, importance="routine")
-    alpha.save(20, {"w": torch.ones(64) * 2}, importance="milestone")
-    Replicator(store).run_once()
-    return path
+    return alpha_store(tmp_path)
 
 
 def json_out(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[dict[str, Any]]]:
