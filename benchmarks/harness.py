@@ -149,6 +149,8 @@ class Harness:
         self.ticker: Ticker = ticker or NullTicker()
         self.cache = CacheDrop()
         self.results: list[Result] = []
+        #: Loads registered by :meth:`loads`, timed by :meth:`run_loads`.
+        self._pending: list[tuple[Path, list[tuple[Result, Callable[[Path], object]]], bool]] = []
 
     def fresh(self, name: str) -> Path:
         path = self.root / name
@@ -191,15 +193,37 @@ class Harness:
             self.add(res)
         return last
 
-    def loads(self, where: Path, loads: list[tuple[str, Callable[[Path], object]]]) -> None:
-        """Time each load ``repeats`` times from ``where``, the page cache dropped before each."""
-        for name, load in loads:
-            res = Result(name, "load")
-            for _ in range(self.repeats):
+    def loads(
+        self, where: Path, loads: list[tuple[str, Callable[[Path], object]]], *, remove: bool
+    ) -> None:
+        """Register cold loads of ``where``; :meth:`run_loads` times them all, interleaved.
+
+        Each row is added now (the table keeps its order) and timed later, so that
+        every load of the run shares the disk's drift: on a virtual disk the same
+        read varies by 2x over minutes, which measured one peer after another turns
+        into a ratio. ``remove``: delete ``where`` once the loads have run.
+        """
+        group = [(self.add(Result(name, "load")), load) for name, load in loads]
+        self._pending.append((where, group, remove))
+
+    def run_loads(self) -> None:
+        """Time every registered load ``repeats`` times, round-robin, page cache dropped first.
+
+        Repeat r runs the loads in registration order rotated by r, so no load is
+        always the first after a save or always the last; then the directories
+        registered with ``remove`` are deleted.
+        """
+        order = [(where, res, load) for where, group, _ in self._pending for res, load in group]
+        for r in range(self.repeats):
+            shift = r % len(order) if order else 0
+            for where, res, load in order[shift:] + order[:shift]:
                 self.cache.drop(where)
                 res.times.append(timed(functools.partial(_load_paged_in, load, where)))
                 self.ticker.tick()
-            self.add(res)
+        for where, _, remove in self._pending:
+            if remove:
+                shutil.rmtree(where)
+        self._pending.clear()
 
     def pair(
         self,
@@ -208,10 +232,12 @@ class Harness:
         loads: list[tuple[str, Callable[[Path], object]]],
         save_note: str = "",
     ) -> None:
-        """Time ``save`` in fresh dirs, then each load on the last one; remove it."""
+        """Time ``save`` in fresh dirs; register each load on the last one (removed after)."""
         last = self.saves([(save_name, save_note)], [save])[save_name]
-        self.loads(last, loads)
-        shutil.rmtree(last)
+        if loads:
+            self.loads(last, loads, remove=True)
+        else:
+            shutil.rmtree(last)
 
 
 def _slug(name: str) -> str:

@@ -118,8 +118,7 @@ class Mouthguard:
             row.unavailable = "checksums_disabled() had no effect on this save path"
         shutil.rmtree(dirs[SAVE_UNVERIFIED])
         h.ticker.stage("mouthguard load")
-        h.loads(dirs[SAVE], [(LOAD, self.load), (LOAD_INTO, self.load_into)])
-        shutil.rmtree(dirs[SAVE])
+        h.loads(dirs[SAVE], [(LOAD, self.load), (LOAD_INTO, self.load_into)], remove=True)
         h.ticker.stage("mouthguard with_sha256")
         h.pair(SAVE_SHA256, self.save_sha256, [], save_note="xxh3-128 and sha256")
 

@@ -75,6 +75,8 @@ def run_size(
     mg.sync()
     mg.encrypted()
     mg.async_save()
+    bar.stage("cold loads, every peer's interleaved")
+    h.run_loads()
     # Correctness spot-check (untimed): DCP's and mouthguard's in-place loads gave it back.
     check_equal(state, template, "DCP load / mouthguard load(into=...)")
     direct_ok = peers.direct_ok
