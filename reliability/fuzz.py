@@ -28,7 +28,8 @@ is reached; some are plain random bytes.
 Each input is a *case*. A case survives when the code under test accepts it (and the
 oracle agrees: a load returns exactly the bytes safetensors finds) or raises the
 documented error. Anything else is a failure: another exception (a crash), a case
-slower than its limit (a hang: 1 s for a parser, 5 s end to end), an allocation
+using more CPU time than its limit (1 s for a parser, 5 s end to end: CPU rather than
+wall-clock time, so a busy machine does not turn a case into a failure), an allocation
 beyond the worker's address-space limit, or a read or write outside the store.
 
 The cases run in a worker subprocess (``python -m reliability.fuzz --worker``) under
@@ -160,7 +161,7 @@ class _Worker:
         if target == "e2e":
             return self.e2e_mod.make_e2e(rng, self.ctx.seeds, local)
         if target == "selftest":
-            kinds = ["pass", "hang", "allocation", "crash", "segfault"]
+            kinds = ["pass", "hang", "allocation", "crash", "segfault", "spin", "idle"]
             return Case("selftest", local, kinds[local % len(kinds)], {}, {})
         maker, _ = self.targets[target]
         return maker(rng, self.ctx.seeds, local)
@@ -186,6 +187,12 @@ class _Worker:
             raise KeyError("selftest")
         elif kind == "segfault":
             os.kill(os.getpid(), signal.SIGSEGV)
+        elif kind == "spin":  # burns more CPU than the limit: reported slow
+            until = time.process_time() + SLOW_DEFAULT * 1.2
+            while time.process_time() < until:
+                pass
+        elif kind == "idle":  # waits longer than the limit burning nothing: not slow
+            time.sleep(SLOW_DEFAULT * 1.2)
         return None
 
     def limit_memory(self) -> None:
@@ -208,6 +215,10 @@ class _Worker:
             self.progress[:] = _PROGRESS.pack(index, time.monotonic())
             case = self.make(index)
             started = time.perf_counter()
+            # The slow limit is on CPU time: a parser gone quadratic burns CPU, while a
+            # machine busy with other work only stretches the wall clock (hangs that
+            # burn nothing, like a blocked open, are the watchdog's).
+            cpu_started = time.process_time()
             try:
                 problem = self.check(case)
             except MemoryError as exc:
@@ -220,9 +231,10 @@ class _Worker:
                     f"(at {Path(where.filename).name}:{where.lineno})"
                 )
             seconds = time.perf_counter() - started
+            cpu_seconds = time.process_time() - cpu_started
             limit = SLOW_SECONDS.get(case.target, SLOW_DEFAULT)
-            if problem is None and seconds > limit:
-                problem = f"slow: {seconds:.2f} s (limit {limit} s)"
+            if problem is None and cpu_seconds > limit:
+                problem = f"slow: {cpu_seconds:.2f} s of CPU (limit {limit} s)"
             self.record(index, case, problem, seconds)
             self.result["next"] = index + 1
             if time.monotonic() - last_flush > _FLUSH_SECONDS:
