@@ -21,7 +21,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from mouthguard.checkpoint.store import Store
-from mouthguard.cli.argtypes import COUNT, checked, integer
+from mouthguard.cli.common import COUNT, EXIT_FAILED, EXIT_OK, checked, integer
 from mouthguard.jobs.chaos import (
     DEFAULT_FAULTS,
     ChaosReport,
@@ -30,8 +30,6 @@ from mouthguard.jobs.chaos import (
     scratch_run_name,
 )
 from mouthguard.tiers.faults import KINDS, FaultPlan
-
-EXIT_OK, EXIT_FAILED = 0, 1
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -6,11 +6,11 @@
 With ``--json`` each command prints one JSON object saying what happened
 (``agent``: one JSON line per event: its start, each pass, its stop).
 
-Exit codes follow :mod:`mouthguard.cli.main`: 0 success; 1 the command ran but
+Exit codes (:mod:`mouthguard.cli.common`): 0 success; 1 the command ran but
 its goal is not met (no such hold to release, a checkpoint left unprotected);
 2 usage errors, including a run or step that names no readable checkpoint
-(raised as :class:`UnknownCheckpointError`, a ``ValueError``, which ``main``
-turns into exit 2).
+(raised as :class:`~mouthguard.cli.common.UsageError`, which ``main`` turns
+into exit 2).
 
 The agent runs each replication pass in a worker thread so that the main
 thread stays free to take SIGINT/SIGTERM at any moment: a signal stops the
@@ -28,7 +28,7 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -41,20 +41,20 @@ from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.facts import gather
 from mouthguard.checkpoint.info import CheckpointInfo
 from mouthguard.checkpoint.store import Store
-from mouthguard.cli.argtypes import COUNT, POSITIVE, STEP
+from mouthguard.cli.common import (
+    COUNT,
+    EXIT_FAILED,
+    EXIT_OK,
+    POSITIVE,
+    STEP,
+    Handler,
+    UsageError,
+    print_error,
+)
 from mouthguard.cli.render import error_console, human_bytes
 from mouthguard.jobs.replicator import ReplicationReport, Replicator
 from mouthguard.policy.importance import parse_importance
 from mouthguard.policy.placement import protection_status
-
-EXIT_OK, EXIT_NOT_MET = 0, 1
-
-#: A subcommand handler: ``(store, parsed arguments, stdout console) -> exit code``.
-Handler = Callable[[Store, argparse.Namespace, Console], int]
-
-
-class UnknownCheckpointError(ValueError):
-    """A run or step names no readable checkpoint (a usage error: exit code 2)."""
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,7 +104,7 @@ def _existing(store: Store, run: str, step: int) -> tuple[Checkpointer, Checkpoi
     ckpt = Checkpointer(store, run, background=False)
     info = ckpt.info(step, missing_ok=True)
     if info is None:
-        raise UnknownCheckpointError(f"no readable checkpoint {run} step {step} in {store.source}")
+        raise UsageError(f"no readable checkpoint {run} step {step} in {store.source}")
     return ckpt, info
 
 
@@ -143,17 +143,14 @@ def _release(store: Store, args: argparse.Namespace, console: Console) -> int:
     ckpt, _ = _existing(store, args.run, args.step)
     released = ckpt.release(args.step, args.name)
     if not released:
-        error_console().print(
-            f"[red]error:[/red] no hold {escape(repr(args.name))} on {args.run} step {args.step}",
-            highlight=False,
-        )
+        print_error(f"no hold {args.name!r} on {args.run} step {args.step}")
     info = ckpt.info(args.step)
     assert info is not None  # info() without missing_ok raises instead
     if args.json:
         print(_facts_json(info, hold=args.name, released=released))
     else:
         console.print(_facts_line(info), highlight=False, soft_wrap=True)
-    return EXIT_OK if released else EXIT_NOT_MET
+    return EXIT_OK if released else EXIT_FAILED
 
 
 def _importance(store: Store, args: argparse.Namespace, console: Console) -> int:
@@ -197,7 +194,7 @@ def _replicate(store: Store, args: argparse.Namespace, console: Console) -> int:
 
     targets = targets_of(store, args.run)
     if args.run is not None and not targets:
-        raise UnknownCheckpointError(f"no checkpoints for run {args.run!r} in {store.source}")
+        raise UsageError(f"no checkpoints for run {args.run!r} in {store.source}")
     replicator = Replicator(store, store.policy)
     quiet = args.json or not console.is_terminal
     with Progress(console=console, transient=True, disable=quiet) as progress:
@@ -214,7 +211,7 @@ def _replicate(store: Store, args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(_report_json(report, ok, why)))
     else:
         _print_report(report, why, console, store)
-    return EXIT_OK if ok else EXIT_NOT_MET
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 def _report_json(report: ReplicationReport, ok: bool, why: list[str]) -> dict[str, object]:
@@ -485,4 +482,4 @@ HANDLERS: dict[str, Handler] = {
     "agent": _agent,
 }
 
-__all__ = ["HANDLERS", "Handler", "UnknownCheckpointError", "add_parsers", "targets_of"]
+__all__ = ["HANDLERS", "add_parsers", "targets_of"]

@@ -19,13 +19,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from mouthguard.cli.argtypes import BYTES, COUNT, NON_NEGATIVE, POSITIVE
-from mouthguard.cli.render import error_console
+from mouthguard.cli.common import (
+    BYTES,
+    COUNT,
+    EXIT_OK,
+    EXIT_USAGE,
+    NON_NEGATIVE,
+    POSITIVE,
+    print_error,
+)
 from mouthguard.plan import intervals as iv
 from mouthguard.plan import sizing as sz
 from mouthguard.plan.presets import preset_names, resolve_model
 
-EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_INTERVAL_S = 1800.0  # "approximately every 30 minutes" (Llama 3 70B)
 DEFAULT_WINDOW_S = 300.0  # land the checkpoint in 5 minutes so training does not stall
 #: 1.5 failures a day (the middle of the reported 1-2) on a 16,384-GPU cluster.
@@ -224,7 +230,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     try:
         figures = compute(args)
     except ValueError as exc:
-        error_console().print(f"[red]error:[/red] {exc}", highlight=False)
+        print_error(str(exc))
         return EXIT_USAGE
     if args.json:
         console.file.write(json.dumps(figures) + "\n")

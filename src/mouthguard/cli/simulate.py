@@ -30,21 +30,30 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from mouthguard.cli.argtypes import BYTES, COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, integer
+from mouthguard.cli.common import (
+    BYTES,
+    COUNT,
+    EXIT_OK,
+    EXIT_USAGE,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    failure_hours,
+    integer,
+    print_error,
+)
 from mouthguard.cli.plan import (
     DEFAULT_GPU_MTBF_HOURS,
     DEFAULT_INTERVAL_S,
     DEFAULT_RUN_DAYS,
     DEFAULT_WINDOW_S,
 )
-from mouthguard.cli.render import error_console
 from mouthguard.plan import intervals as iv
 from mouthguard.plan import sizing as sz
 from mouthguard.plan.policies import DEFAULT_POLICIES, FLAT, StoragePolicy
 from mouthguard.plan.presets import resolve_model
 from mouthguard.plan.simulate import PolicyResult, Scenario, simulate, sweep_intervals
 
-EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_PRESET = "llama3-70b"
 DEFAULT_RUNS = 200
 #: A commonly quoted rate, "$30/GPU-hour" for a 1,000-GPU job; it is also what makes
@@ -56,14 +65,6 @@ SWEEP_POINTS = 25
 SWEEP_SPAN = 8.0  # the sweep covers centre / SPAN .. centre * SPAN
 #: Plot formats, chosen by the file's suffix (all three are built into matplotlib).
 PLOT_FORMATS = ("png", "svg", "pdf")
-
-
-def _hours_list(text: str) -> tuple[float, ...]:
-    parse = NON_NEGATIVE
-    times = tuple(sorted(parse(part) * 3600.0 for part in text.split(",") if part.strip()))
-    if not times:
-        raise argparse.ArgumentTypeError("give at least one failure time, e.g. 3,17.5")
-    return times
 
 
 #: (flag, argparse type, default, help) of every option but the MTBF group.
@@ -107,7 +108,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mtbf = p.add_mutually_exclusive_group()
     mtbf.add_argument("--mtbf-hours", type=POSITIVE, help="job MTBF, hours")
     mtbf.add_argument("--gpu-mtbf-hours", type=POSITIVE, help="per-GPU MTBF, hours")
-    mtbf.add_argument("--failure-times-hours", type=_hours_list, help="e.g. 3,17.5 (wall hours)")
+    mtbf.add_argument("--failure-times-hours", type=failure_hours, help="e.g. 3,17.5 (wall hours)")
     p.add_argument(
         "--plot",
         metavar="FILE",
@@ -224,7 +225,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         results = simulate(sc, policies, seed=args.seed, runs=args.runs)
         plot = _plot(args, sc, about, policies, console) if args.plot else None
     except (ValueError, OSError) as exc:
-        error_console().print(f"[red]error:[/red] {exc}", highlight=False)
+        print_error(str(exc))
         return EXIT_USAGE
     expected = analytic(sc)
     if args.json:
