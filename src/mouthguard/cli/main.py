@@ -2,8 +2,9 @@
 
 One module per command group: :mod:`~mouthguard.cli.listing` (ls, show),
 :mod:`~mouthguard.cli.checking` (verify, scrub), :mod:`~mouthguard.cli.lifecycle`
-(gc, restore), :mod:`~mouthguard.cli.ops` (hold, release, promote with its
-aliases demote and importance, replicate, agent), :mod:`~mouthguard.cli.doctor`,
+(gc, restore), :mod:`~mouthguard.cli.facts` (hold, release, promote with its
+aliases demote and importance), :mod:`~mouthguard.cli.replication` (replicate),
+:mod:`~mouthguard.cli.agent`, :mod:`~mouthguard.cli.doctor`,
 :mod:`~mouthguard.cli.demo`, :mod:`~mouthguard.cli.plan`,
 :mod:`~mouthguard.cli.simulate` and :mod:`~mouthguard.cli.chaos`. This module
 builds the parser and maps what a command raises to an exit code.
@@ -36,7 +37,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mouthguard.checkpoint.store import open_store
-from mouthguard.cli import chaos, checking, doctor, lifecycle, listing, ops, plan, simulate
+from mouthguard.cli import (
+    agent,
+    chaos,
+    checking,
+    doctor,
+    facts,
+    lifecycle,
+    listing,
+    plan,
+    replication,
+    simulate,
+)
 from mouthguard.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -108,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scrub.add_argument("--json", action="store_true", help="print JSON lines")
 
-    ops.add_parsers(sub)
+    facts.add_parsers(sub)
+    replication.add_parser(sub)
+    agent.add_parser(sub)
     doctor.add_parser(sub)
     demo = sub.add_parser("demo", help="train, crash, corrupt, resume: watch a run survive")
     demo.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -162,7 +176,8 @@ def _main(argv: Sequence[str] | None) -> int:
         handlers: dict[str, Handler] = {"ls": listing.ls, "show": listing.show}
         handlers.update({"verify": checking.verify, "scrub": checking.scrub_command})
         handlers["chaos"] = chaos.run
-        handlers.update({**lifecycle.HANDLERS, **ops.HANDLERS, "doctor": doctor.run})
+        handlers.update({**lifecycle.HANDLERS, **facts.HANDLERS, **replication.HANDLERS})
+        handlers.update({**agent.HANDLERS, "doctor": doctor.run})
         handler = handlers[args.command]
         return handler(store, args, console)
     # A checkpoint or run that does not exist is a wrong argument, not bad data.
