@@ -20,7 +20,7 @@ def test_optimum_is_the_cheapest_point() -> None:
     assert optimum(CURVES[0]) == (2400.0, 5e6)
 
 
-def test_one_curve_and_one_optimum_marker_per_policy() -> None:
+def test_one_curve_and_one_optimum_marker_per_strategy() -> None:
     fig = cost_vs_interval_figure(
         CURVES, title="t", subtitle="s", references=[(2000.0, "Daly"), (1800.0, "now")]
     )

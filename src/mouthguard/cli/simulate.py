@@ -1,9 +1,10 @@
-"""``mouthguard simulate``: failures, recoveries and corruption, per storage policy.
+"""``mouthguard simulate``: failures, recoveries and corruption, per storage strategy.
 
 Builds one :class:`~mouthguard.plan.simulate.Scenario` from the model preset
 and the options (the same defaults and formulas as ``mouthguard plan``, so the
-two agree), simulates it under each policy of
-:mod:`mouthguard.plan.policies`, and prints a table, or one JSON object::
+two agree), simulates it under each storage strategy of
+:mod:`mouthguard.plan.strategies`, and prints a table, or one JSON object (its
+``policies`` key and the table's ``policy`` column predate the word strategy)::
 
     {"policies": {"importance": {"cost_usd": ..., "lost_gpu_hours": ...,
                                  "goodput": ..., ...}, "temperature": {...},
@@ -50,9 +51,9 @@ from mouthguard.cli.plan import (
 )
 from mouthguard.plan import intervals as iv
 from mouthguard.plan import sizing as sz
-from mouthguard.plan.policies import DEFAULT_POLICIES, FLAT, StoragePolicy
 from mouthguard.plan.presets import resolve_model
-from mouthguard.plan.simulate import PolicyResult, Scenario, simulate, sweep_intervals
+from mouthguard.plan.simulate import Scenario, StrategyResult, simulate, sweep_intervals
+from mouthguard.plan.strategies import DEFAULT_STRATEGIES, FLAT, StorageStrategy
 
 DEFAULT_PRESET = "llama3-70b"
 DEFAULT_RUNS = 200
@@ -163,7 +164,7 @@ def build(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
     return sc, about
 
 
-def _policies(args: argparse.Namespace) -> list[StoragePolicy]:
+def _strategies(args: argparse.Namespace) -> list[StorageStrategy]:
     changes = {
         key: value
         for key, value in (
@@ -172,10 +173,10 @@ def _policies(args: argparse.Namespace) -> list[StoragePolicy]:
         )
         if value is not None
     }
-    # Only a policy that demotes ever reads from the erasure-coded slow tier.
+    # Only a strategy that demotes ever reads from the erasure-coded slow tier.
     return [
         dataclasses.replace(p, **changes) if p.demote_after_seconds is not None else p
-        for p in DEFAULT_POLICIES
+        for p in DEFAULT_STRATEGIES
     ]
 
 
@@ -221,9 +222,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     try:
         _check_plot_path(args.plot)
         sc, about = build(args)
-        policies = _policies(args)
-        results = simulate(sc, policies, seed=args.seed, runs=args.runs)
-        plot = _plot(args, sc, about, policies, console) if args.plot else None
+        strategies = _strategies(args)
+        results = simulate(sc, strategies, seed=args.seed, runs=args.runs)
+        plot = _plot(args, sc, about, strategies, console) if args.plot else None
     except (ValueError, OSError) as exc:
         print_error(str(exc))
         return EXIT_USAGE
@@ -266,7 +267,7 @@ def _plot(
     args: argparse.Namespace,
     sc: Scenario,
     about: dict[str, Any],
-    policies: list[StoragePolicy],
+    strategies: list[StorageStrategy],
     console: Console,
 ) -> dict[str, Any]:
     # matplotlib takes a second to import: only a plot pays for it.
@@ -277,7 +278,7 @@ def _plot(
     with Progress(console=console, transient=True, disable=not show) as bar:
         task = bar.add_task("sweeping intervals", total=len(grid))
         curves = sweep_intervals(
-            sc, policies, grid, seed=args.seed, runs=args.runs, on_point=lambda: bar.advance(task)
+            sc, strategies, grid, seed=args.seed, runs=args.runs, on_point=lambda: bar.advance(task)
         )
     lines = [Curve(name, grid, [r.cost_usd for r in rs]) for name, rs in curves.items()]
     daly = analytic(sc)["daly_interval_seconds"]
@@ -313,7 +314,7 @@ def _plot(
     }
 
 
-def _table(about: dict[str, Any], results: dict[str, PolicyResult], sc: Scenario) -> Table:
+def _table(about: dict[str, Any], results: dict[str, StrategyResult], sc: Scenario) -> Table:
     first = next(iter(results.values()))
     title = (
         f"{about['model']} on {sc.gpus:,} GPUs, {sc.work_seconds / 86400:g} days of compute, "

@@ -1,4 +1,4 @@
-"""The expected-cost-versus-interval chart: one curve per storage policy, optimum marked.
+"""The expected-cost-versus-interval chart: one curve per storage strategy, optimum marked.
 
 Rendering only: the curves come from :func:`mouthguard.plan.simulate.sweep_intervals`
 and the caller decides where the PNG goes, so this module does no file I/O. It
@@ -23,7 +23,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 __all__ = ["Curve", "cost_vs_interval_figure", "optimum", "render", "render_png"]
 
 _MINUTE = 60.0
-# Fixed colours and dashes per policy so the chart reads the same every time and
+# Fixed colours and dashes per strategy so the chart reads the same every time and
 # survives greyscale printing and colour blindness (line style differs too).
 # Optimum markers shrink down the list so that coinciding optima stay visible.
 _STYLES: dict[str, tuple[str, str, str, float]] = {
@@ -37,10 +37,10 @@ _TICKS_MINUTES = (1, 2, 3, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 360, 48
 
 @dataclass(frozen=True)
 class Curve:
-    """One policy's expected cost at each interval.
+    """One strategy's expected cost at each interval.
 
     Attributes:
-        label: the policy name (also picks its colour).
+        label: the strategy name (also picks its colour).
         intervals_seconds: checkpoint intervals, seconds, increasing.
         cost_usd: expected cost of the run at each interval, USD.
     """
