@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from mouthguard.cli import simulate
+from mouthguard.plan.sweep import SWEEP_POINTS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +65,7 @@ def test_plot_is_written_and_reported(tmp_path: Path) -> None:
     plot = json.loads(out)["plot"]
     assert plot["path"] == str(png)
     assert set(plot["optimal_interval_seconds"]) == {"importance", "temperature", "flat"}
-    assert len(plot["intervals_seconds"]) == simulate.SWEEP_POINTS
+    assert len(plot["intervals_seconds"]) == SWEEP_POINTS
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,11 @@
 """``mouthguard simulate``: failures, recoveries and corruption, per storage strategy.
 
-Builds one :class:`~mouthguard.plan.simulate.Scenario` from the model preset
-and the options (the same defaults and formulas as ``mouthguard plan``, so the
-two agree), simulates it under each storage strategy of
-:mod:`mouthguard.plan.strategies`, and prints a table, or one JSON object (its
-``policies`` key and the table's ``policy`` column predate the word strategy)::
+Parses the options into one :class:`~mouthguard.plan.simulate.Scenario`
+(:func:`~mouthguard.plan.comparison.scenario_for`: the same defaults and
+formulas as ``mouthguard plan``, so the two agree), simulates it under each
+storage strategy of :mod:`mouthguard.plan.strategies`, and prints a table, or
+one JSON object (its ``policies`` key and the table's ``policy`` column predate
+the word strategy)::
 
     {"policies": {"importance": {"cost_usd": ..., "lost_gpu_hours": ...,
                                  "goodput": ..., ...}, "temperature": {...},
@@ -43,27 +44,20 @@ from mouthguard.cli.common import (
     integer,
     print_error,
 )
-from mouthguard.cli.plan import (
-    DEFAULT_GPU_MTBF_HOURS,
-    DEFAULT_INTERVAL_S,
-    DEFAULT_RUN_DAYS,
-    DEFAULT_WINDOW_S,
+from mouthguard.cli.plan import deployment
+from mouthguard.plan.comparison import (
+    analytic_figures,
+    analytic_lost_seconds,
+    lost_usd_per_failure,
+    scenario_for,
 )
-from mouthguard.plan import intervals as iv
-from mouthguard.plan import sizing as sz
-from mouthguard.plan.presets import resolve_model
-from mouthguard.plan.simulate import Scenario, StrategyResult, simulate, sweep_intervals
-from mouthguard.plan.strategies import DEFAULT_STRATEGIES, FLAT, StorageStrategy
+from mouthguard.plan.deployment import DEFAULT_CORRUPTION, DEFAULT_GPU_HOUR_USD, DEFAULT_RUN_DAYS
+from mouthguard.plan.simulate import Scenario, StrategyResult, simulate
+from mouthguard.plan.strategies import DEFAULT_STRATEGIES, StorageStrategy, with_rebuild
+from mouthguard.plan.sweep import cost_curves, optimum, sweep_grid
 
 DEFAULT_PRESET = "llama3-70b"
 DEFAULT_RUNS = 200
-#: A commonly quoted rate, "$30/GPU-hour" for a 1,000-GPU job; it is also what makes
-#: the often-cited $300K per failure of a 16,384-GPU job on a 30-minute schedule add up.
-DEFAULT_GPU_HOUR_USD = 30.0
-#: Silent corruption per checkpoint (an assumption: no published rate is used).
-DEFAULT_CORRUPTION = 0.01
-SWEEP_POINTS = 25
-SWEEP_SPAN = 8.0  # the sweep covers centre / SPAN .. centre * SPAN
 #: Plot formats, chosen by the file's suffix (all three are built into matplotlib).
 PLOT_FORMATS = ("png", "svg", "pdf")
 
@@ -120,101 +114,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def build(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
     """The scenario and a description of it (JSON-ready). Raises ValueError on bad input."""
-    label, params, preset = resolve_model(args.preset)
-    gpus = args.gpus if args.gpus is not None else (preset.gpus if preset else None)
-    if gpus is None:
-        raise ValueError(f"give --gpus: {label} names no GPU count")
-    interval: float = args.interval_seconds or (
-        (preset.interval_seconds if preset else None) or DEFAULT_INTERVAL_S
-    )
-    total = sz.checkpoint_bytes(params)
-    if args.checkpoint_seconds is not None:
-        write = args.checkpoint_seconds
-    elif args.write_bandwidth is not None:
-        write = sz.write_seconds(total, args.write_bandwidth)
-    else:  # as `plan`: storage sized to land the save exactly within the window
-        write = (preset.window_seconds if preset else None) or DEFAULT_WINDOW_S
-    stall = args.stall_seconds
-    if stall is None:
-        stall = sz.snapshot_stall_seconds(sz.per_gpu_shard_bytes(total, gpus))
-    mtbf: float | None = None
-    if args.failure_times_hours is None:
-        mtbf = iv.job_mtbf_seconds(
-            job_mtbf_hours=args.mtbf_hours,
-            gpu_mtbf_hours=None
-            if args.mtbf_hours
-            else args.gpu_mtbf_hours or DEFAULT_GPU_MTBF_HOURS,
-            gpus=gpus,
-        )
-    sc = Scenario(
-        work_seconds=args.run_days * sz.SECONDS_PER_DAY,
-        interval_seconds=interval,
-        write_seconds=write,
-        checkpoint_bytes=total,
-        gpus=gpus,
-        gpu_hour_usd=args.gpu_hour_usd,
-        mtbf_seconds=mtbf,
-        failure_times=args.failure_times_hours,
+    d = deployment(args.preset, args.gpus, args.interval_seconds)
+    sc = scenario_for(
+        d,
         mode=args.mode,
-        snapshot_seconds=stall,
+        checkpoint_seconds=args.checkpoint_seconds,
+        write_bandwidth=args.write_bandwidth,
+        stall_seconds=args.stall_seconds,
         restart_seconds=args.restart_seconds,
+        gpu_hour_usd=args.gpu_hour_usd,
         corruption_probability=args.corruption_probability,
+        run_days=args.run_days,
+        mtbf_hours=args.mtbf_hours,
+        gpu_mtbf_hours=args.gpu_mtbf_hours,
+        failure_times=args.failure_times_hours,
     )
-    about = {"model": label, **dataclasses.asdict(sc), "stall_seconds": sc.stall_seconds}
+    about = {"model": d.label, **dataclasses.asdict(sc), "stall_seconds": sc.stall_seconds}
     return sc, about
-
-
-def _strategies(args: argparse.Namespace) -> list[StorageStrategy]:
-    changes = {
-        key: value
-        for key, value in (
-            ("rebuild_probability", args.rebuild_probability),
-            ("rebuild_mean_seconds", args.rebuild_mean_seconds),
-        )
-        if value is not None
-    }
-    # Only a strategy that demotes ever reads from the erasure-coded slow tier.
-    return [
-        dataclasses.replace(p, **changes) if p.demote_after_seconds is not None else p
-        for p in DEFAULT_STRATEGIES
-    ]
-
-
-def analytic_lost_seconds(sc: Scenario) -> float:
-    """Expected wall seconds lost per failure, closed form, for ``flat`` without corruption.
-
-    :mod:`mouthguard.plan.intervals`' model with the restart extended by the
-    read of one checkpoint from the flat tier: what the simulator's ``flat``
-    converges to when corruption is zero.
-    """
-    restart = sc.restart_seconds + FLAT.read_seconds(sc.checkpoint_bytes, demoted=False)
-    if sc.mode == "sync":
-        return iv.expected_lost_seconds_per_failure(sc.interval_seconds, sc.write_seconds, restart)
-    return iv.expected_lost_seconds_per_failure_async(
-        sc.interval_seconds, sc.snapshot_seconds, sc.write_seconds, restart
-    )
-
-
-def analytic(sc: Scenario) -> dict[str, float | None]:
-    """The closed-form figures printed next to the simulation (JSON ``analytic``)."""
-    m = sc.mtbf_seconds
-    return {
-        "expected_lost_seconds_per_failure": analytic_lost_seconds(sc),
-        "young_interval_seconds": iv.young_interval(sc.stall_seconds, m) if m else None,
-        "daly_interval_seconds": iv.daly_interval(sc.stall_seconds, m) if m else None,
-    }
-
-
-def sweep_grid(sc: Scenario) -> list[float]:
-    """Log-spaced intervals, seconds, around the analytic optimum (or the given interval)."""
-    centre = sc.interval_seconds
-    if sc.mtbf_seconds is not None:
-        centre = iv.daly_interval(sc.stall_seconds, sc.mtbf_seconds)
-        if sc.mode == "async":  # below W the next snapshot waits for the last write anyway
-            centre = max(centre, sc.write_seconds)
-    centre = max(centre, 60.0)
-    lo, ratio = centre / SWEEP_SPAN, SWEEP_SPAN ** (2 / (SWEEP_POINTS - 1))
-    return [lo * ratio**i for i in range(SWEEP_POINTS)]
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -222,18 +138,21 @@ def run(args: argparse.Namespace, console: Console) -> int:
     try:
         _check_plot_path(args.plot)
         sc, about = build(args)
-        strategies = _strategies(args)
+        strategies = with_rebuild(
+            DEFAULT_STRATEGIES,
+            probability=args.rebuild_probability,
+            mean_seconds=args.rebuild_mean_seconds,
+        )
         results = simulate(sc, strategies, seed=args.seed, runs=args.runs)
         plot = _plot(args, sc, about, strategies, console) if args.plot else None
     except (ValueError, OSError) as exc:
         print_error(str(exc))
         return EXIT_USAGE
-    expected = analytic(sc)
     if args.json:
         out = {
             "policies": {name: r.as_dict() for name, r in results.items()},
             "scenario": about,
-            "analytic": expected,
+            "analytic": analytic_figures(sc),
             "plot": plot,
         }
         console.file.write(json.dumps(out) + "\n")
@@ -271,17 +190,16 @@ def _plot(
     console: Console,
 ) -> dict[str, Any]:
     # matplotlib takes a second to import: only a plot pays for it.
-    from mouthguard.plan.plot import Curve, cost_vs_interval_figure, optimum, render  # noqa: PLC0415
+    from mouthguard.plan.plot import cost_vs_interval_figure, render  # noqa: PLC0415
 
     grid = sweep_grid(sc)
     show = not args.json and console.is_terminal
     with Progress(console=console, transient=True, disable=not show) as bar:
         task = bar.add_task("sweeping intervals", total=len(grid))
-        curves = sweep_intervals(
+        lines = cost_curves(
             sc, strategies, grid, seed=args.seed, runs=args.runs, on_point=lambda: bar.advance(task)
         )
-    lines = [Curve(name, grid, [r.cost_usd for r in rs]) for name, rs in curves.items()]
-    daly = analytic(sc)["daly_interval_seconds"]
+    daly = analytic_figures(sc)["daly_interval_seconds"]
     failures = (
         f"job MTBF {sc.mtbf_seconds / 3600:.1f} h"
         if sc.mtbf_seconds
@@ -333,7 +251,7 @@ def _table(about: dict[str, Any], results: dict[str, StrategyResult], sc: Scenar
     ):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for name, r in results.items():
-        per_failure = r.lost_gpu_hours * sc.gpu_hour_usd / r.failures if r.failures else 0.0
+        per_failure = lost_usd_per_failure(r, sc.gpu_hour_usd)
         table.add_row(
             name,
             f"${r.cost_usd:,.0f}",

@@ -49,8 +49,9 @@ figures, quoted; "assumption" marks a figure no source gives):
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -66,6 +67,7 @@ __all__ = [
     "TEMPERATURE",
     "StorageStrategy",
     "get_strategy",
+    "with_rebuild",
 ]
 
 FAST_READ_BYTES_PER_S = 100e9
@@ -157,3 +159,29 @@ def get_strategy(name: str) -> StorageStrategy:
     except KeyError:
         known = ", ".join(STRATEGIES)
         raise ValueError(f"unknown strategy {name!r}; known: {known}") from None
+
+
+def with_rebuild(
+    strategies: Iterable[StorageStrategy],
+    *,
+    probability: float | None = None,
+    mean_seconds: float | None = None,
+) -> list[StorageStrategy]:
+    """``strategies`` with the erasure-code rebuild figures changed where given.
+
+    Only a strategy that demotes ever reads from the erasure-coded slow tier, so
+    the others are returned unchanged.
+    """
+    return [_with_rebuild(s, probability, mean_seconds) for s in strategies]
+
+
+def _with_rebuild(
+    s: StorageStrategy, probability: float | None, mean_seconds: float | None
+) -> StorageStrategy:
+    if s.demote_after_seconds is None:
+        return s
+    return dataclasses.replace(
+        s,
+        rebuild_probability=s.rebuild_probability if probability is None else probability,
+        rebuild_mean_seconds=s.rebuild_mean_seconds if mean_seconds is None else mean_seconds,
+    )
