@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import mouthguard
+from mouthguard.chaos import DEFAULT_FAULTS
 from mouthguard.cli import chaos
 from mouthguard.cli.common import EXIT_FAILED, EXIT_OK
-from mouthguard.jobs.chaos import DEFAULT_FAULTS
 from mouthguard.tiers.faults import FaultPlan
 
 
