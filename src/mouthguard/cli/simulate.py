@@ -15,15 +15,18 @@ the word strategy)::
 ``--plot FILE`` also sweeps the checkpoint interval and draws expected cost
 against it, in the format the file's suffix names (``.png``, ``.svg``, ``.pdf``;
 any other suffix is refused before the sweep). matplotlib is imported only then,
-so ``simulate`` without ``--plot`` starts fast.
+so ``simulate`` without ``--plot`` starts fast; it is an optional extra, and
+``--plot`` without it is refused before the simulation, naming what to install.
 
-Exit codes: 0 success; 2 bad input (on stderr, no traceback).
+Exit codes: 0 success; 2 bad input, or ``--plot`` without matplotlib (on stderr,
+no traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ from mouthguard.cli.common import (
     NON_NEGATIVE,
     POSITIVE,
     PROBABILITY,
+    UsageError,
     failure_hours,
     integer,
     print_error,
@@ -60,6 +64,8 @@ DEFAULT_PRESET = "llama3-70b"
 DEFAULT_RUNS = 200
 #: Plot formats, chosen by the file's suffix (all three are built into matplotlib).
 PLOT_FORMATS = ("png", "svg", "pdf")
+#: How to get matplotlib, which only --plot needs.
+PLOT_EXTRA = "pip install 'mouthguard[plot]'"
 
 
 #: (flag, argparse type, default, help) of every option but the MTBF group.
@@ -136,7 +142,7 @@ def build(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
 def run(args: argparse.Namespace, console: Console) -> int:
     """Simulate, print (table or ``--json``), optionally plot; 2 on bad input."""
     try:
-        _check_plot_path(args.plot)
+        _check_plot(args.plot)
         sc, about = build(args)
         strategies = with_rebuild(
             DEFAULT_STRATEGIES,
@@ -165,8 +171,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _check_plot_path(plot: str | None) -> None:
-    """Refuse a plot path in a missing directory or of an unknown format before the sweep."""
+def _check_plot(plot: str | None) -> None:
+    """Refuse, before the simulation, a plot that cannot be written.
+
+    That is a path in a missing directory, a suffix that names no image format,
+    or no matplotlib to draw with (a :class:`UsageError` naming the extra).
+    """
     if plot is None:
         return
     if not Path(plot).parent.is_dir():
@@ -176,6 +186,12 @@ def _check_plot_path(plot: str | None) -> None:
         raise ValueError(
             f"cannot write a plot to {plot}: name a {', '.join(others)} or {last} file"
         )
+    try:
+        importlib.import_module("mouthguard.plan.plot")  # matplotlib's only importer
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "matplotlib":
+            raise  # a broken mouthguard, not a missing extra: let it show
+        raise UsageError(f"--plot needs matplotlib, an optional extra: {PLOT_EXTRA}") from None
 
 
 def _plot_format(plot: str) -> str:
