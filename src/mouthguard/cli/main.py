@@ -147,6 +147,21 @@ def _store_after_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         command.add_argument("--store", default=argparse.SUPPRESS, help=_STORE_HELP)
 
 
+#: Every command that needs a store (demo, plan and simulate are dispatched apart).
+_HANDLERS: dict[str, Handler] = {
+    "ls": listing.ls,
+    "show": listing.show,
+    "verify": checking.verify,
+    "scrub": checking.scrub_command,
+    **lifecycle.HANDLERS,
+    **facts.HANDLERS,
+    **replication.HANDLERS,
+    **agent.HANDLERS,
+    "doctor": doctor.run,
+    "chaos": chaos.run,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mouthguard`` command (exit codes: see the module docstring)."""
     try:
@@ -173,13 +188,7 @@ def _main(argv: Sequence[str] | None) -> int:
             runner = plan.run if args.command == "plan" else simulate.run
             return runner(args, console)
         store = open_store(args.store, create=False)
-        handlers: dict[str, Handler] = {"ls": listing.ls, "show": listing.show}
-        handlers.update({"verify": checking.verify, "scrub": checking.scrub_command})
-        handlers["chaos"] = chaos.run
-        handlers.update({**lifecycle.HANDLERS, **facts.HANDLERS, **replication.HANDLERS})
-        handlers.update({**agent.HANDLERS, "doctor": doctor.run})
-        handler = handlers[args.command]
-        return handler(store, args, console)
+        return _HANDLERS[args.command](store, args, console)
     # A checkpoint or run that does not exist is a wrong argument, not bad data.
     # (UsageError is a ValueError.)
     except (ConfigError, ValueError, CheckpointNotFoundError) as exc:
