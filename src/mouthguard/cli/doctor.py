@@ -199,7 +199,7 @@ def _placement_json(placement: Placement) -> dict[str, object]:
 
 
 def run(store: Store, args: argparse.Namespace, console: Console) -> int:
-    """Handler of ``mouthguard doctor``."""
+    """Examine every tier and each level's placement; exit 1 when any problem was found."""
     tiers = [examine_tier(t) for t in store.tiers]
     facts = tier_facts(store)
     # Most valuable first: that is the level an operator checks first.
