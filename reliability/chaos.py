@@ -6,7 +6,7 @@ failure domains) whose tiers are wrapped in
 :class:`~mouthguard.tiers.faults.FaultyTier` with a mix of I/O errors, ENOSPC,
 torn and short writes acknowledged by the storage, failed fsyncs, bit flips on
 read and delays. After every round the invariants are judged through the
-unwrapped tiers (:mod:`mouthguard.jobs.chaos`), and at the end the whole
+unwrapped tiers (:mod:`mouthguard.chaos`), and at the end the whole
 sandbox directory is walked for files outside the two tier roots.
 
 One case is one injected fault; it survived when every invariant held in its
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mouthguard
-from mouthguard.jobs.chaos import DEFAULT_FAULTS, ChaosReport, run_chaos
+from mouthguard.chaos import DEFAULT_FAULTS, ChaosReport, run_chaos
 from mouthguard.tiers.faults import FaultPlan
 from reliability.record import HarnessResult, Level
 

@@ -31,6 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     # The economics (sizing, intervals, the simulator): pure arithmetic and plots.
     "plan": {"errors", "plan"},
     "demo": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo"},
+    # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
+    "chaos": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "chaos"},
     "cli": {
         "errors",
         "format",
@@ -41,6 +43,7 @@ ALLOWED: dict[str, set[str]] = {
         "jobs",
         "demo",
         "plan",
+        "chaos",
         "cli",
     },
 }

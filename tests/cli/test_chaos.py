@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import mouthguard
+from mouthguard.chaos import DEFAULT_FAULTS
 from mouthguard.cli import chaos
-from mouthguard.jobs.chaos import DEFAULT_FAULTS
+from mouthguard.cli.common import EXIT_FAILED, EXIT_OK
 from mouthguard.tiers.faults import FaultPlan
 
 
@@ -54,7 +55,7 @@ def test_json_run_exits_0_and_removes_its_run(
     store = _store(tmp_path)
     before = _keys(store)
     args = _parse("--rounds", "4", "--faults", "enospc=0.05,fsync=0.05,torn=0.02", "--json")
-    assert chaos.run(store, args, mouthguard_console()) == chaos.EXIT_OK
+    assert chaos.run(store, args, mouthguard_console()) == EXIT_OK
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is True and out["rounds"] == 4 and out["kept"] is False
     assert out["run"].startswith("chaos-") and out["cases"] == sum(out["injected"].values())
@@ -67,7 +68,7 @@ def test_table_output_and_keep(tmp_path: Path) -> None:
     buf = io.StringIO()
     console = mouthguard_console(buf)
     args = _parse("--rounds", "2", "--faults", "error=0.01,delay=0.1:0.0001", "--keep")
-    assert chaos.run(store, args, console) == chaos.EXIT_OK
+    assert chaos.run(store, args, console) == EXIT_OK
     text = buf.getvalue()
     assert "injected faults" in text and "invariants" in text
     assert "acknowledged saves lost" in text and "kept as run chaos-" in text
@@ -82,7 +83,7 @@ def test_a_violation_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     store = _store(tmp_path)
     buf = io.StringIO()
     args = _parse("--rounds", "6", "--faults", "torn=0.5,keys=rank-", "--seed", "2")
-    assert chaos.run(store, args, mouthguard_console(buf)) == chaos.EXIT_FAILED
+    assert chaos.run(store, args, mouthguard_console(buf)) == EXIT_FAILED
     assert "violation:" in buf.getvalue()
 
 

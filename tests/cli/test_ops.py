@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import mouthguard
-from mouthguard.cli import ops
+from mouthguard.cli import agent
 from mouthguard.cli.main import main
 from mouthguard.jobs.replicator import Replicator
 from tests.checkpoint.helpers import flip_byte, step_path
@@ -250,11 +250,11 @@ def test_agent_stops_on_sigint_after_the_pass_in_flight(
 ) -> None:
     """The signal lands mid-pass (sent from the worker): the checkpoint in flight finishes,
     the rest of the pass and every later pass are skipped, and the exit is clean."""
-    original, original_signal = Replicator.replicate, ops._Stop.signal
+    original, original_signal = Replicator.replicate, agent._Stop.signal
     calls: list[tuple[str, int]] = []
     handled = threading.Event()  # only the handler touches it: no lock held by main
 
-    def signal_seen(self: ops._Stop) -> None:
+    def signal_seen(self: agent._Stop) -> None:
         original_signal(self)
         handled.set()
 
@@ -266,7 +266,7 @@ def test_agent_stops_on_sigint_after_the_pass_in_flight(
         assert handled.wait(10)
         return done
 
-    monkeypatch.setattr(ops._Stop, "signal", signal_seen)
+    monkeypatch.setattr(agent._Stop, "signal", signal_seen)
     monkeypatch.setattr(Replicator, "replicate", replicate_then_interrupt)
     # An interval of an hour: returning at all shows the stop cut the wait short.
     assert main(["--store", str(two_tier), "agent", "--interval", "3600"]) == 0
@@ -276,7 +276,7 @@ def test_agent_stops_on_sigint_after_the_pass_in_flight(
 
 
 def test_stop_sleep_ends_when_requested() -> None:
-    stop = ops._Stop()
+    stop = agent._Stop()
     threading.Timer(0.05, stop.signal).start()
     stop.sleep(3600)  # an hour unless the stop cuts it short
     assert stop.requested and not stop.forced

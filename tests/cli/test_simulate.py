@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from mouthguard.cli import simulate
+from mouthguard.cli.common import EXIT_USAGE
+from mouthguard.cli.main import main
+from mouthguard.plan.sweep import SWEEP_POINTS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +68,7 @@ def test_plot_is_written_and_reported(tmp_path: Path) -> None:
     plot = json.loads(out)["plot"]
     assert plot["path"] == str(png)
     assert set(plot["optimal_interval_seconds"]) == {"importance", "temperature", "flat"}
-    assert len(plot["intervals_seconds"]) == simulate.SWEEP_POINTS
+    assert len(plot["intervals_seconds"]) == SWEEP_POINTS
 
 
 @pytest.mark.parametrize(
@@ -125,3 +129,27 @@ def test_malformed_arguments_exit_2(argv: tuple[str, ...]) -> None:
     with pytest.raises(SystemExit) as exc:
         _parser().parse_args(["simulate", *argv])
     assert exc.value.code == 2
+
+
+def test_plot_without_matplotlib_names_the_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """matplotlib is an optional extra: --plot without it is one line and exit 2, at once."""
+    # As if it were not installed: None in sys.modules makes every import of it fail,
+    # and nothing imported from it before may be found cached.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "mouthguard.plan.plot", raising=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    # Without --plot nothing needs it.
+    assert main(["simulate", "--runs", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plot"] is None
+    simulated: list[object] = []
+    monkeypatch.setattr("mouthguard.cli.simulate.simulate", lambda *a, **k: simulated.append(a))
+    png = tmp_path / "cost.png"
+    assert main(["simulate", "--runs", "1", "--plot", str(png)]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and not png.exists() and simulated == []  # refused before simulating
+    assert err == (
+        "error: --plot needs matplotlib, an optional extra: pip install 'mouthguard[plot]'\n"
+    )

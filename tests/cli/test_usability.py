@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import mouthguard
-from mouthguard.cli.main import EXIT_BROKEN_PIPE, main
+from mouthguard.cli.common import EXIT_BROKEN_PIPE
+from mouthguard.cli.main import main
 from tests.cli.helpers import alpha_store
 
 

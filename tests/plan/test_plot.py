@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mouthguard.plan.plot import Curve, cost_vs_interval_figure, optimum, render_png
+from mouthguard.plan.plot import cost_vs_interval_figure, render_png
+from mouthguard.plan.sweep import Curve
 
 INTERVALS = [600.0, 1200.0, 2400.0, 4800.0]
 CURVES = [
@@ -16,11 +17,7 @@ CURVES = [
 ]
 
 
-def test_optimum_is_the_cheapest_point() -> None:
-    assert optimum(CURVES[0]) == (2400.0, 5e6)
-
-
-def test_one_curve_and_one_optimum_marker_per_policy() -> None:
+def test_one_curve_and_one_optimum_marker_per_strategy() -> None:
     fig = cost_vs_interval_figure(
         CURVES, title="t", subtitle="s", references=[(2000.0, "Daly"), (1800.0, "now")]
     )
@@ -45,8 +42,6 @@ def test_png_is_written(tmp_path: Path) -> None:
     assert path.stat().st_size == len(png)
 
 
-def test_bad_curves_are_refused() -> None:
-    with pytest.raises(ValueError):
-        Curve("x", [1.0, 2.0], [1.0])
+def test_nothing_to_plot_is_refused() -> None:
     with pytest.raises(ValueError):
         cost_vs_interval_figure([], title="nothing")

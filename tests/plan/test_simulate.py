@@ -11,15 +11,15 @@ from mouthguard.plan.intervals import (
     expected_lost_seconds_per_failure,
     expected_lost_seconds_per_failure_async,
 )
-from mouthguard.plan.policies import (
-    DEFAULT_POLICIES,
+from mouthguard.plan.simulate import Scenario, simulate, simulate_run, sweep_intervals
+from mouthguard.plan.strategies import (
+    DEFAULT_STRATEGIES,
     FLAT,
     IMPORTANCE,
     TEMPERATURE,
-    StoragePolicy,
-    get_policy,
+    StorageStrategy,
+    get_strategy,
 )
-from mouthguard.plan.simulate import Scenario, simulate, simulate_run, sweep_intervals
 
 HOUR, DAY = 3600.0, 86_400.0
 
@@ -75,7 +75,7 @@ def test_failure_during_recovery_starts_it_over() -> None:
     assert r.wall_seconds == 1090.0 + 37.0
 
 
-def test_corruption_falls_back_under_every_policy() -> None:
+def test_corruption_falls_back_under_every_strategy() -> None:
     # mouthguard does not read the primary back at write time, and a primary found
     # corrupt later cannot be repaired (replicas are copied from it): a resume
     # trips over it as on any platform.
@@ -87,7 +87,7 @@ def test_corruption_falls_back_under_every_policy() -> None:
 
 
 def test_demoted_checkpoint_is_read_from_the_slow_tier() -> None:
-    policy = StoragePolicy(
+    strategy = StorageStrategy(
         "slow",
         "test",
         fast_read_bytes_per_s=10.0,
@@ -96,10 +96,10 @@ def test_demoted_checkpoint_is_read_from_the_slow_tier() -> None:
     )
     sc = dataclasses.replace(TINY, checkpoint_bytes=10.0)
     # the save that landed at 220 is 30 s old at 250: demoted, 10 s to read
-    assert simulate_run(sc, policy).lost_seconds == 30.0 + 5.0 + 10.0
+    assert simulate_run(sc, strategy).lost_seconds == 30.0 + 5.0 + 10.0
     early = dataclasses.replace(sc, failure_times=(235.0,))  # 15 s old: still fast, 1 s
-    assert simulate_run(early, policy).lost_seconds == 15.0 + 5.0 + 1.0
-    rebuild = dataclasses.replace(policy, rebuild_probability=1.0, rebuild_mean_seconds=600.0)
+    assert simulate_run(early, strategy).lost_seconds == 15.0 + 5.0 + 1.0
+    rebuild = dataclasses.replace(strategy, rebuild_probability=1.0, rebuild_mean_seconds=600.0)
     assert simulate_run(sc, rebuild).lost_seconds > 45.0
 
 
@@ -114,9 +114,9 @@ def test_async_checkpoint_protects_only_once_landed() -> None:
 
 def test_deterministic_for_a_seed() -> None:
     sc = dataclasses.replace(LLAMA, corruption_probability=0.05)
-    first = simulate(sc, DEFAULT_POLICIES, seed=7, runs=5)
-    assert first == simulate(sc, DEFAULT_POLICIES, seed=7, runs=5)
-    assert first != simulate(sc, DEFAULT_POLICIES, seed=8, runs=5)
+    first = simulate(sc, DEFAULT_STRATEGIES, seed=7, runs=5)
+    assert first == simulate(sc, DEFAULT_STRATEGIES, seed=7, runs=5)
+    assert first != simulate(sc, DEFAULT_STRATEGIES, seed=8, runs=5)
 
 
 def test_flat_converges_to_the_analytic_expectation() -> None:
@@ -142,7 +142,7 @@ def test_flat_async_converges_to_the_analytic_expectation() -> None:
 @pytest.mark.parametrize("interval", [600.0, 1800.0, 3600.0])
 def test_importance_never_worse_than_temperature_with_corruption(interval: float) -> None:
     sc = dataclasses.replace(LLAMA, interval_seconds=interval, corruption_probability=0.05)
-    r = simulate(sc, DEFAULT_POLICIES, seed=3, runs=60)
+    r = simulate(sc, DEFAULT_STRATEGIES, seed=3, runs=60)
     assert r["importance"].cost_usd <= r["temperature"].cost_usd
     assert r["importance"].lost_gpu_hours <= r["temperature"].lost_gpu_hours
     # Corruption costs importance fallbacks too: only demotion tells the two apart.
@@ -170,7 +170,7 @@ def test_sweep_gives_one_result_per_interval() -> None:
     calls: list[None] = []
     curves = sweep_intervals(
         LLAMA,
-        DEFAULT_POLICIES,
+        DEFAULT_STRATEGIES,
         [900.0, 1800.0, 3600.0],
         runs=3,
         on_point=lambda: calls.append(None),
@@ -202,6 +202,6 @@ def test_bad_runs_and_unfinishable_runs_are_refused() -> None:
     hopeless = dataclasses.replace(LLAMA, mtbf_seconds=60.0)  # a failure a minute, 30-min saves
     with pytest.raises(ValueError, match="did not finish"):
         simulate_run(hopeless, FLAT)
-    with pytest.raises(ValueError, match="unknown policy"):
-        get_policy("lukewarm")
-    assert get_policy("temperature") is TEMPERATURE
+    with pytest.raises(ValueError, match="unknown strategy"):
+        get_strategy("lukewarm")
+    assert get_strategy("temperature") is TEMPERATURE

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from mouthguard.jobs.chaos import DEFAULT_FAULTS, ChaosReport
+from mouthguard.chaos import DEFAULT_FAULTS, ChaosReport
 from reliability import chaos, s3_faults
 from tests.s3.ceph import CephStartError
 

@@ -1,6 +1,6 @@
 """``mouthguard chaos``: inject storage faults into a scratch run of a store and judge the result.
 
-Runs :func:`mouthguard.jobs.chaos.run_chaos` against the store's own tiers, each
+Runs :func:`mouthguard.chaos.run_chaos` against the store's own tiers, each
 wrapped in a fault-injecting tier confined to a scratch run
 (``chaos-<timestamp>-<random>``): nothing outside that run can be written. The
 scratch run is removed afterwards (``--keep`` leaves it for inspection).
@@ -20,18 +20,16 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from mouthguard.checkpoint.store import Store
-from mouthguard.cli.argtypes import COUNT, checked, integer
-from mouthguard.jobs.chaos import (
+from mouthguard.chaos import (
     DEFAULT_FAULTS,
     ChaosReport,
     remove_run,
     run_chaos,
     scratch_run_name,
 )
+from mouthguard.checkpoint.store import Store
+from mouthguard.cli.common import COUNT, EXIT_FAILED, EXIT_OK, checked, integer
 from mouthguard.tiers.faults import KINDS, FaultPlan
-
-EXIT_OK, EXIT_FAILED = 0, 1
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -25,14 +25,12 @@ from mouthguard.checkpoint.sidecars import CopyRef, check_sidecars
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.verification import Status, Verdict, find_copies, verify_and_record
 from mouthguard.cli import lifecycle
+from mouthguard.cli.common import EXIT_FAILED, EXIT_OK, UsageError
 from mouthguard.cli.listing import Listed, damaged_checkpoints, item_name
-from mouthguard.cli.ops import UnknownCheckpointError
 from mouthguard.cli.render import human_bytes
 from mouthguard.errors import MouthguardError
 from mouthguard.jobs.burst import MAX_YIELD_SECONDS, BurstGate
 from mouthguard.jobs.scrub import ScrubReport, scrub
-
-EXIT_OK, EXIT_INVALID = 0, 1
 
 
 def _result_cell(v: Verdict, *, ok_word: str, bad_word: str | None = None) -> str:
@@ -63,14 +61,14 @@ def verify(store: Store, args: argparse.Namespace, console: Console) -> int:
             console.print(f"nothing to verify in {store.source}", highlight=False)
             return EXIT_OK
         what = args.run if args.step is None else f"{args.run} step {args.step}"
-        raise UnknownCheckpointError(f"no committed checkpoint {what} in {store.source}")
+        raise UsageError(f"no committed checkpoint {what} in {store.source}")
     verdicts = _run_verification(refs, console, quiet=args.json)
     if args.json:
         for v in verdicts:
             print(json.dumps(v.to_json()))
     else:
         _print_verdicts(verdicts, console)
-    return EXIT_OK if all(v.ok for v in verdicts) else EXIT_INVALID
+    return EXIT_OK if all(v.ok for v in verdicts) else EXIT_FAILED
 
 
 def _run_verification(refs: list[CopyRef], console: Console, *, quiet: bool) -> list[Verdict]:
@@ -160,7 +158,7 @@ def scrub_command(store: Store, args: argparse.Namespace, console: Console) -> i
     else:
         _print_scrub(report, lost, console)
     clean = all(v.ok for v in report.results) and not lost and not report.unlisted
-    return EXIT_OK if clean else EXIT_INVALID
+    return EXIT_OK if clean else EXIT_FAILED
 
 
 def _print_scrub(report: ScrubReport, lost: list[Listed], console: Console) -> None:

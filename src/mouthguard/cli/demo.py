@@ -36,6 +36,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from mouthguard.cli.common import EXIT_FAILED, EXIT_OK
 from mouthguard.cli.demo_summary import DiskUse, disk_use, report_json
 from mouthguard.cli.render import human_bytes
 from mouthguard.demo import (
@@ -137,9 +138,9 @@ def run_demo(store_path: Path, console: Console, *, as_json: bool = False) -> in
             report = run_scenario(store_path)
         except DemoError as exc:
             print(json.dumps({"ok": False, "store": str(store_path), "error": str(exc)}))
-            return 1
+            return EXIT_FAILED
         print(json.dumps(report_json(report, disk_use(report))))
-        return 0 if report.matches and report.store_verified else 1
+        return EXIT_OK if report.matches and report.store_verified else EXIT_FAILED
     console.print(
         Panel(
             "Train a model with periodic checkpoints replicated to a second tier,"
@@ -166,10 +167,10 @@ def run_demo(store_path: Path, console: Console, *, as_json: bool = False) -> in
         except DemoError as exc:
             view.finish(failed=True)
             console.print(f"[bold red]✗ the demo could not run:[/] {exc}", highlight=False)
-            return 1
+            return EXIT_FAILED
         view.finish()
     _show(report, console)
-    return 0 if report.matches and report.store_verified else 1
+    return EXIT_OK if report.matches and report.store_verified else EXIT_FAILED
 
 
 def _show(report: DemoReport, console: Console) -> None:

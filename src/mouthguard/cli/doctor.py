@@ -44,8 +44,8 @@ from rich.table import Table
 
 from mouthguard.checkpoint.facts import tier_facts
 from mouthguard.checkpoint.store import Store
+from mouthguard.cli.common import EXIT_FAILED, EXIT_OK
 from mouthguard.cli.listing import damaged_checkpoints
-from mouthguard.cli.ops import EXIT_NOT_MET, EXIT_OK
 from mouthguard.cli.render import human_bytes
 from mouthguard.errors import MouthguardError, ObjectExistsError
 from mouthguard.policy.importance import Importance
@@ -199,7 +199,7 @@ def _placement_json(placement: Placement) -> dict[str, object]:
 
 
 def run(store: Store, args: argparse.Namespace, console: Console) -> int:
-    """Handler of ``mouthguard doctor``."""
+    """Examine every tier and each level's placement; exit 1 when any problem was found."""
     tiers = [examine_tier(t) for t in store.tiers]
     facts = tier_facts(store)
     # Most valuable first: that is the level an operator checks first.
@@ -230,7 +230,7 @@ def run(store: Store, args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(body))
     else:
         _print(store.source, tiers, placements, (problems, warnings), console)
-    return EXIT_NOT_MET if problems else EXIT_OK
+    return EXIT_FAILED if problems else EXIT_OK
 
 
 def _yes(value: bool | None) -> str:

@@ -35,9 +35,16 @@ from mouthguard.checkpoint.info import UnreadableCheckpoint
 from mouthguard.checkpoint.sidecars import CopyRef
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.verification import verify_and_record
-from mouthguard.cli.argtypes import NON_NEGATIVE, STEP
+from mouthguard.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    NON_NEGATIVE,
+    STEP,
+    Handler,
+    UsageError,
+    print_error,
+)
 from mouthguard.cli.listing import list_run
-from mouthguard.cli.ops import EXIT_NOT_MET, EXIT_OK, Handler, UnknownCheckpointError
 from mouthguard.cli.render import error_console, human_bytes
 from mouthguard.errors import CheckpointExistsError, MouthguardError
 from mouthguard.jobs.copy import CopyResult, copy_checkpoint
@@ -324,7 +331,7 @@ def _tier(store: Store, name: str) -> Tier:
     except KeyError:
         names = ", ".join(t.name for t in store.tiers)
         msg = f"no tier {name!r} in {store.source} (tiers: {names})"
-        raise UnknownCheckpointError(msg) from None
+        raise UsageError(msg) from None
 
 
 @dataclass
@@ -343,7 +350,7 @@ def _restore(store: Store, args: argparse.Namespace, console: Console) -> int:
     dst = _tier(store, args.to)
     view = gather(store, run, step)
     if view is None:
-        raise UnknownCheckpointError(f"no readable checkpoint {run} step {step} in {store.source}")
+        raise UsageError(f"no readable checkpoint {run} step {step} in {store.source}")
     done = _Restore("no_intact_source")
     if dst.exists(catalog.manifest_key(run, step)):
         check = verify_and_record(CopyRef(dst, run, step))
@@ -385,11 +392,8 @@ def _report_restore(
             highlight=False,
         )
     if done.outcome == "no_intact_source":
+        print_error(f"cannot restore {what} to {dst.name}: no intact source")
         err = error_console()
-        err.print(
-            f"[red]error:[/red] cannot restore {what} to {escape(dst.name)}: no intact source",
-            highlight=False,
-        )
         for line in done.failures:
             err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
     if args.json:
@@ -408,7 +412,7 @@ def _report_restore(
                 }
             )
         )
-        return EXIT_OK if ok else EXIT_NOT_MET
+        return EXIT_OK if ok else EXIT_FAILED
     if done.outcome == "already_valid":
         now = " (verified now); nothing to do" if verified else ""
         console.print(f"{what}: {dst.name} already holds a valid copy{now}", highlight=False)
@@ -419,7 +423,7 @@ def _report_restore(
             f"in {r.seconds:.2f} s, verified by read-back",
             highlight=False,
         )
-    return EXIT_OK if ok else EXIT_NOT_MET
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 HANDLERS: dict[str, Handler] = {"gc": _gc, "restore": _restore}

@@ -19,11 +19,9 @@ from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, UnreadableCheckpoint
 from mouthguard.checkpoint.store import Store
-from mouthguard.cli.ops import UnknownCheckpointError
+from mouthguard.cli.common import EXIT_OK, UsageError
 from mouthguard.cli.render import human_bytes, human_time
 from mouthguard.errors import CorruptCheckpointError
-
-EXIT_OK = 0
 
 Listed = CheckpointInfo | UnreadableCheckpoint
 
@@ -61,7 +59,7 @@ def ls(store: Store, args: argparse.Namespace, console: Console) -> int:
     """List committed checkpoints per run (``--json``: one JSON line per checkpoint)."""
     listed = {run: list_run(store, run) for run in runs_of(store, args.run)}
     if args.run is not None and not listed[args.run]:
-        raise UnknownCheckpointError(f"no checkpoints for run {args.run!r} in {store.source}")
+        raise UsageError(f"no checkpoints for run {args.run!r} in {store.source}")
     if args.json:
         for items in listed.values():
             for item in items:
@@ -144,9 +142,7 @@ def show(store: Store, args: argparse.Namespace, console: Console) -> int:
                 f"{args.run} step {args.step} is committed but its manifest cannot be read "
                 f"on any tier: {unreadable[0].reason}"
             )
-        raise UnknownCheckpointError(
-            f"no committed checkpoint {args.run} step {args.step} in {store.source}"
-        )
+        raise UsageError(f"no committed checkpoint {args.run} step {args.step} in {store.source}")
     if args.json:
         print(json.dumps(info.to_json(), indent=2))
         return EXIT_OK

@@ -1,17 +1,21 @@
 """``mouthguard`` command line: inspect, verify, protect and demo checkpoint stores.
 
-Subcommands beyond listing and verification live in :mod:`mouthguard.cli.ops`
-(hold, release, promote with its aliases demote and importance, replicate, agent),
-:mod:`mouthguard.cli.lifecycle` (gc, restore) and :mod:`mouthguard.cli.doctor`;
-``scrub`` (re-verification now) lives here with ``verify``.
+One module per command group: :mod:`~mouthguard.cli.listing` (ls, show),
+:mod:`~mouthguard.cli.checking` (verify, scrub), :mod:`~mouthguard.cli.lifecycle`
+(gc, restore), :mod:`~mouthguard.cli.facts` (hold, release, promote with its
+aliases demote and importance), :mod:`~mouthguard.cli.replication` (replicate),
+:mod:`~mouthguard.cli.agent`, :mod:`~mouthguard.cli.doctor`,
+:mod:`~mouthguard.cli.demo`, :mod:`~mouthguard.cli.plan`,
+:mod:`~mouthguard.cli.simulate` and :mod:`~mouthguard.cli.chaos`. This module
+builds the parser and maps what a command raises to an exit code.
 
-Exit codes: 0 success; 1 a checkpoint copy or one of its sidecars is invalid
-(``verify``), a copy is damaged (``scrub``), no intact source exists
-(``restore``), not protected (``replicate``), a placement is unsatisfiable
-(``doctor``), there is no such hold (``release``), an invariant broke under injected
-faults (``chaos``), or the demo did not reproduce
-the reference run; 2 usage errors (bad arguments, unknown store, tier, run or
-step); 141 (128 + SIGPIPE) when the reader of the output went away
+Exit codes (:mod:`mouthguard.cli.common`): 0 success; 1 a checkpoint copy or one
+of its sidecars is invalid (``verify``), a copy is damaged (``scrub``), no intact
+source exists (``restore``), not protected (``replicate``), a placement is
+unsatisfiable (``doctor``), there is no such hold (``release``), an invariant broke
+under injected faults (``chaos``), or the demo did not reproduce the reference
+run; 2 usage errors (bad arguments, unknown store, tier, run or step); 130
+interrupted; 141 (128 + SIGPIPE) when the reader of the output went away
 (``mouthguard ls --json | head -1``): the command stops quietly, as Unix tools do.
 Bad data never produces a traceback: every :class:`MouthguardError` becomes a
 one-line message, and so does every argument error (no usage dump: a pointer to
@@ -33,21 +37,38 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mouthguard.checkpoint.store import open_store
-from mouthguard.cli import chaos, checking, doctor, lifecycle, listing, ops, plan, simulate
-from mouthguard.cli.argtypes import NON_NEGATIVE, NON_NEGATIVE_INT, STEP, Parser, Version
+from mouthguard.cli import (
+    agent,
+    chaos,
+    checking,
+    doctor,
+    facts,
+    lifecycle,
+    listing,
+    plan,
+    replication,
+    simulate,
+)
+from mouthguard.cli.common import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    STEP,
+    Handler,
+    Parser,
+    Version,
+    print_error,
+)
 from mouthguard.cli.render import error_console, stdout_console
 from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardError
 
 DEFAULT_STORE = "./mouthguard-store"
-EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
-EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
 #: Commands that need no store: --store after them is not offered.
 _STORELESS = {"plan", "simulate"}
 _STORE_HELP = "store directory or mouthguard.toml"
-
-
-class UsageError(Exception):
-    """A command was given arguments that name nothing (exit code 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scrub.add_argument("--json", action="store_true", help="print JSON lines")
 
-    ops.add_parsers(sub)
+    facts.add_parsers(sub)
+    replication.add_parser(sub)
+    agent.add_parser(sub)
     doctor.add_parser(sub)
     demo = sub.add_parser("demo", help="train, crash, corrupt, resume: watch a run survive")
     demo.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -124,6 +147,21 @@ def _store_after_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         command.add_argument("--store", default=argparse.SUPPRESS, help=_STORE_HELP)
 
 
+#: Every command that needs a store (demo, plan and simulate are dispatched apart).
+_HANDLERS: dict[str, Handler] = {
+    "ls": listing.ls,
+    "show": listing.show,
+    "verify": checking.verify,
+    "scrub": checking.scrub_command,
+    **lifecycle.HANDLERS,
+    **facts.HANDLERS,
+    **replication.HANDLERS,
+    **agent.HANDLERS,
+    "doctor": doctor.run,
+    "chaos": chaos.run,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mouthguard`` command (exit codes: see the module docstring)."""
     try:
@@ -141,7 +179,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     console = stdout_console()
-    err = error_console()
     try:
         if args.command == "demo":
             from mouthguard.cli.demo import run_demo  # noqa: PLC0415 - heavy, demo only
@@ -151,22 +188,18 @@ def _main(argv: Sequence[str] | None) -> int:
             runner = plan.run if args.command == "plan" else simulate.run
             return runner(args, console)
         store = open_store(args.store, create=False)
-        handlers: dict[str, ops.Handler] = {"ls": listing.ls, "show": listing.show}
-        handlers.update({"verify": checking.verify, "scrub": checking.scrub_command})
-        handlers["chaos"] = chaos.run
-        handlers.update({**lifecycle.HANDLERS, **ops.HANDLERS, "doctor": doctor.run})
-        handler = handlers[args.command]
-        return handler(store, args, console)
+        return _HANDLERS[args.command](store, args, console)
     # A checkpoint or run that does not exist is a wrong argument, not bad data.
-    except (UsageError, ConfigError, ValueError, CheckpointNotFoundError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+    # (UsageError is a ValueError.)
+    except (ConfigError, ValueError, CheckpointNotFoundError) as exc:
+        print_error(str(exc))
         return EXIT_USAGE
     except MouthguardError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        return EXIT_INVALID
+        print_error(str(exc))
+        return EXIT_FAILED
     except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130
+        error_console().print("interrupted")
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """``mouthguard plan``: what a model's checkpoints cost in bytes, bandwidth, wear and lost work.
 
-Every figure comes from :mod:`mouthguard.plan`; this module only gathers the
-inputs, fills defaults (from the model preset where it has them) and prints a
-table or one JSON object. JSON keys carry their unit as a suffix (``_bytes``,
-``_s`` or ``_seconds``, ``_bytes_per_s``, ``_usd``, ``_fraction``).
+Every figure comes from :func:`mouthguard.plan.economics.checkpoint_economics`;
+this module only parses the options into a
+:class:`~mouthguard.plan.economics.PlanQuestion` and prints the answer as tables
+or one JSON object. JSON keys carry their unit as a suffix (``_bytes``, ``_s`` or
+``_seconds``, ``_bytes_per_s``, ``_usd``, ``_fraction``).
 
 Exit codes: 0 success; 2 bad input (argparse rejects malformed numbers itself;
 :func:`run` reports the rest — unknown model, missing GPU count — on stderr).
@@ -19,19 +20,29 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from mouthguard.cli.argtypes import BYTES, COUNT, NON_NEGATIVE, POSITIVE
-from mouthguard.cli.render import error_console
-from mouthguard.plan import intervals as iv
+from mouthguard.cli.common import (
+    BYTES,
+    COUNT,
+    EXIT_OK,
+    EXIT_USAGE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UsageError,
+    print_error,
+)
 from mouthguard.plan import sizing as sz
-from mouthguard.plan.presets import preset_names, resolve_model
+from mouthguard.plan.deployment import (
+    DEFAULT_DWPD,
+    DEFAULT_GPU_MTBF_HOURS,
+    DEFAULT_RUN_DAYS,
+    DEFAULT_WARRANTY_YEARS,
+    Deployment,
+    MissingInputError,
+    resolve_deployment,
+)
+from mouthguard.plan.economics import PlanQuestion, checkpoint_economics
+from mouthguard.plan.presets import preset_names
 
-EXIT_OK, EXIT_USAGE = 0, 2
-DEFAULT_INTERVAL_S = 1800.0  # "approximately every 30 minutes" (Llama 3 70B)
-DEFAULT_WINDOW_S = 300.0  # land the checkpoint in 5 minutes so training does not stall
-#: 1.5 failures a day (the middle of the reported 1-2) on a 16,384-GPU cluster.
-DEFAULT_GPU_MTBF_HOURS = 16_384 * 24 / 1.5
-DEFAULT_RUN_DAYS = 14.0  # the 14-day run of the failure-cost example
-DEFAULT_DWPD = 1.0  # a read-intensive enterprise NVMe drive's rating
 _DTYPES = list(sz.DTYPE_BYTES)
 
 
@@ -91,24 +102,19 @@ _OPTIONS = [
     _opt("--drive-capacity", BYTES, "bytes per drive of the checkpoint tier (e.g. 30.72T)"),
     _opt("--drives", COUNT, "drives the writes spread over (default 1)", 1),
     _opt("--dwpd", POSITIVE, "rated drive writes per day (default 1)", DEFAULT_DWPD),
-    _opt("--warranty-years", POSITIVE, "rated drive life in years (default 5)", 5.0),
+    _opt(
+        "--warranty-years",
+        POSITIVE,
+        "rated drive life in years (default 5)",
+        DEFAULT_WARRANTY_YEARS,
+    ),
 ]
 
 
-def compute(args: argparse.Namespace) -> dict[str, Any]:
-    """Every figure of the plan, keyed with unit suffixes. Raises ValueError on bad input."""
+def question(args: argparse.Namespace) -> PlanQuestion:
+    """The plan's inputs from the parsed options. Raises ValueError on bad input."""
     if args.model is None:
-        raise ValueError("give a model: a preset name or a parameter count (MODEL or --preset)")
-    label, params, preset = resolve_model(args.model)
-    gpus = args.gpus if args.gpus is not None else (preset.gpus if preset else None)
-    if gpus is None:
-        raise ValueError(f"give --gpus: {label} names no GPU count")
-    interval = _first(
-        args.interval_seconds, preset.interval_seconds if preset else None, DEFAULT_INTERVAL_S
-    )
-    window = _first(
-        args.window_seconds, preset.window_seconds if preset else None, DEFAULT_WINDOW_S
-    )
+        raise UsageError("give a model: a preset name or a parameter count (MODEL or --preset)")
     layout = sz.StateLayout(
         weights=args.weights_dtype,
         adam_m=args.optimizer_dtype,
@@ -116,115 +122,44 @@ def compute(args: argparse.Namespace) -> dict[str, Any]:
         gradients=args.gradients_dtype,
         master_weights=args.master_weights_dtype,
     )
-    total = sz.checkpoint_bytes(params, layout)
-    shard = sz.per_gpu_shard_bytes(total, gpus)
-    burst = sz.burst_bytes(total, args.copies)
-    land = None if args.write_bandwidth is None else sz.write_seconds(burst, args.write_bandwidth)
-    # The blocking cost C of a sync save: the override, else the time to land the
-    # burst, else assume the storage was sized to land it exactly in the window.
-    if args.checkpoint_seconds is not None:
-        cost, source = args.checkpoint_seconds, "override"
-    elif land is not None:
-        cost, source = land, "write_bandwidth"
-    else:
-        cost, source = window, "window"
-    stall = args.stall_seconds
-    if stall is None:
-        stall = sz.snapshot_stall_seconds(shard, args.snapshot_bandwidth)
-    if args.mtbf_hours is not None:
-        mtbf = iv.job_mtbf_seconds(job_mtbf_hours=args.mtbf_hours)
-    else:
-        gpu_mtbf = args.gpu_mtbf_hours or DEFAULT_GPU_MTBF_HOURS
-        mtbf = iv.job_mtbf_seconds(gpu_mtbf_hours=gpu_mtbf, gpus=gpus)
-    run_s = args.run_days * sz.SECONDS_PER_DAY
-    daily = sz.write_bytes_over(burst, interval)
-    run_bytes = sz.write_bytes_over(burst, interval, run_s)
-    failures = iv.expected_failures(run_s, mtbf)
-    saves = sz.checkpoints_in(run_s, interval)
-    floor = iv.min_async_interval(stall, cost)
-    out: dict[str, Any] = {
-        "model": label,
-        "parameters": params,
-        "gpus": gpus,
-        "bytes_per_parameter": layout.bytes_per_parameter(),
-        "components_bytes": sz.checkpoint_components(params, layout),
-        "checkpoint_bytes": total,
-        "per_gpu_shard_bytes": shard,
-        "copies": args.copies,
-        "burst_bytes": burst,
-        "write_bandwidth_bytes_per_s": args.write_bandwidth,
-        "time_to_land_s": land,
-        "window_seconds": window,
-        "bandwidth_needed_bytes_per_s": sz.bandwidth_for_window(burst, window),
-        "interval_seconds": interval,
-        "checkpoints_per_day": sz.checkpoints_in(sz.SECONDS_PER_DAY, interval),
-        "daily_write_bytes": daily,
-        "run_seconds": run_s,
-        "checkpoints_per_run": saves,
-        "run_write_bytes": run_bytes,
-        "mtbf_seconds": mtbf,
-        "expected_failures": failures,
-        "restart_seconds": args.restart_seconds,
-        "checkpoint_seconds": cost,
-        "checkpoint_seconds_source": source,
-        "stall_seconds": stall,
-        "async_interval_queues": interval < floor,
-        "optimal_interval_young_s": iv.young_interval(cost, mtbf),
-        "optimal_interval_daly_s": iv.daly_interval(cost, mtbf),
-        "optimal_interval_young_async_s": max(iv.young_interval(stall, mtbf), floor),
-        "optimal_interval_daly_async_s": max(iv.daly_interval(stall, mtbf), floor),
-        "waste_fraction_sync": iv.waste_fraction(interval, cost, mtbf, args.restart_seconds),
-        "waste_fraction_at_daly_sync": iv.waste_fraction(
-            iv.daly_interval(cost, mtbf), cost, mtbf, args.restart_seconds
-        ),
-    }
-    lost = {
-        "sync": iv.expected_lost_seconds_per_failure(interval, cost, args.restart_seconds),
-        "async": iv.expected_lost_seconds_per_failure_async(
-            interval, stall, cost, args.restart_seconds
-        ),
-    }
-    for mode, blocked in (("sync", cost), ("async", stall)):
-        gpu_h = {
-            "lost_gpu_hours_per_failure": lost[mode] * gpus / 3600,
-            "lost_gpu_hours_per_run": lost[mode] * gpus / 3600 * failures,
-            "checkpoint_gpu_hours_per_run": blocked * saves * gpus / 3600,
-        }
-        out[f"expected_lost_seconds_per_failure_{mode}"] = lost[mode]
-        for key, hours in gpu_h.items():
-            out[f"{key}_{mode}"] = hours
-            usd_key = key.replace("gpu_hours", "cost_usd")
-            price = args.gpu_hour_usd
-            out[f"{usd_key}_{mode}"] = None if price is None else hours * price
-    out["gpu_hour_usd"] = args.gpu_hour_usd
-    endurance = None
-    if args.drive_capacity is not None:
-        endurance = sz.drive_endurance(
-            daily_bytes=daily,
-            run_bytes=run_bytes,
-            drive_capacity_bytes=args.drive_capacity,
-            dwpd=args.dwpd,
-            drives=args.drives,
-            warranty_years=args.warranty_years,
+    return PlanQuestion(
+        deployment=deployment(args.model, args.gpus, args.interval_seconds, args.window_seconds),
+        layout=layout,
+        copies=args.copies,
+        write_bandwidth=args.write_bandwidth,
+        checkpoint_seconds=args.checkpoint_seconds,
+        stall_seconds=args.stall_seconds,
+        snapshot_bandwidth=args.snapshot_bandwidth,
+        restart_seconds=args.restart_seconds,
+        gpu_hour_usd=args.gpu_hour_usd,
+        run_days=args.run_days,
+        mtbf_hours=args.mtbf_hours,
+        gpu_mtbf_hours=args.gpu_mtbf_hours,
+        drive_capacity=args.drive_capacity,
+        drives=args.drives,
+        dwpd=args.dwpd,
+        warranty_years=args.warranty_years,
+    )
+
+
+def deployment(
+    model: str, gpus: int | None, interval: float | None = None, window: float | None = None
+) -> Deployment:
+    """The run of ``model`` (shared with ``simulate``); a missing figure names its option."""
+    try:
+        return resolve_deployment(
+            model, gpus=gpus, interval_seconds=interval, window_seconds=window
         )
-    out |= {"drive_capacity_bytes": args.drive_capacity, "drives": args.drives, "dwpd": args.dwpd}
-    out["drive_writes_per_day"] = endurance.drive_writes_per_day if endurance else None
-    out["dwpd_used_fraction"] = endurance.rated_fraction if endurance else None
-    out["endurance_used_fraction_run"] = endurance.run_fraction_of_life if endurance else None
-    return out
-
-
-def _first(*values: float | None) -> float:
-    """The first value that is given (the last is the default, always given)."""
-    return next(v for v in values if v is not None)
+    except MissingInputError as exc:
+        raise UsageError(f"give --{exc.name}: {exc}") from None
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     """Print the plan (table, or one JSON object with ``--json``); 2 on bad input."""
     try:
-        figures = compute(args)
+        figures = checkpoint_economics(question(args))
     except ValueError as exc:
-        error_console().print(f"[red]error:[/red] {exc}", highlight=False)
+        print_error(str(exc))
         return EXIT_USAGE
     if args.json:
         console.file.write(json.dumps(figures) + "\n")

@@ -1,9 +1,11 @@
-"""``mouthguard simulate``: failures, recoveries and corruption, per storage policy.
+"""``mouthguard simulate``: failures, recoveries and corruption, per storage strategy.
 
-Builds one :class:`~mouthguard.plan.simulate.Scenario` from the model preset
-and the options (the same defaults and formulas as ``mouthguard plan``, so the
-two agree), simulates it under each policy of
-:mod:`mouthguard.plan.policies`, and prints a table, or one JSON object::
+Parses the options into one :class:`~mouthguard.plan.simulate.Scenario`
+(:func:`~mouthguard.plan.comparison.scenario_for`: the same defaults and
+formulas as ``mouthguard plan``, so the two agree), simulates it under each
+storage strategy of :mod:`mouthguard.plan.strategies`, and prints a table, or
+one JSON object (its ``policies`` key and the table's ``policy`` column predate
+the word strategy)::
 
     {"policies": {"importance": {"cost_usd": ..., "lost_gpu_hours": ...,
                                  "goodput": ..., ...}, "temperature": {...},
@@ -13,15 +15,18 @@ two agree), simulates it under each policy of
 ``--plot FILE`` also sweeps the checkpoint interval and draws expected cost
 against it, in the format the file's suffix names (``.png``, ``.svg``, ``.pdf``;
 any other suffix is refused before the sweep). matplotlib is imported only then,
-so ``simulate`` without ``--plot`` starts fast.
+so ``simulate`` without ``--plot`` starts fast; it is an optional extra, and
+``--plot`` without it is refused before the simulation, naming what to install.
 
-Exit codes: 0 success; 2 bad input (on stderr, no traceback).
+Exit codes: 0 success; 2 bad input, or ``--plot`` without matplotlib (on stderr,
+no traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -30,40 +35,37 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from mouthguard.cli.argtypes import BYTES, COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, integer
-from mouthguard.cli.plan import (
-    DEFAULT_GPU_MTBF_HOURS,
-    DEFAULT_INTERVAL_S,
-    DEFAULT_RUN_DAYS,
-    DEFAULT_WINDOW_S,
+from mouthguard.cli.common import (
+    BYTES,
+    COUNT,
+    EXIT_OK,
+    EXIT_USAGE,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    UsageError,
+    failure_hours,
+    integer,
+    print_error,
 )
-from mouthguard.cli.render import error_console
-from mouthguard.plan import intervals as iv
-from mouthguard.plan import sizing as sz
-from mouthguard.plan.policies import DEFAULT_POLICIES, FLAT, StoragePolicy
-from mouthguard.plan.presets import resolve_model
-from mouthguard.plan.simulate import PolicyResult, Scenario, simulate, sweep_intervals
+from mouthguard.cli.plan import deployment
+from mouthguard.plan.comparison import (
+    analytic_figures,
+    analytic_lost_seconds,
+    lost_usd_per_failure,
+    scenario_for,
+)
+from mouthguard.plan.deployment import DEFAULT_CORRUPTION, DEFAULT_GPU_HOUR_USD, DEFAULT_RUN_DAYS
+from mouthguard.plan.simulate import Scenario, StrategyResult, simulate
+from mouthguard.plan.strategies import DEFAULT_STRATEGIES, StorageStrategy, with_rebuild
+from mouthguard.plan.sweep import cost_curves, optimum, sweep_grid
 
-EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_PRESET = "llama3-70b"
 DEFAULT_RUNS = 200
-#: A commonly quoted rate, "$30/GPU-hour" for a 1,000-GPU job; it is also what makes
-#: the often-cited $300K per failure of a 16,384-GPU job on a 30-minute schedule add up.
-DEFAULT_GPU_HOUR_USD = 30.0
-#: Silent corruption per checkpoint (an assumption: no published rate is used).
-DEFAULT_CORRUPTION = 0.01
-SWEEP_POINTS = 25
-SWEEP_SPAN = 8.0  # the sweep covers centre / SPAN .. centre * SPAN
 #: Plot formats, chosen by the file's suffix (all three are built into matplotlib).
 PLOT_FORMATS = ("png", "svg", "pdf")
-
-
-def _hours_list(text: str) -> tuple[float, ...]:
-    parse = NON_NEGATIVE
-    times = tuple(sorted(parse(part) * 3600.0 for part in text.split(",") if part.strip()))
-    if not times:
-        raise argparse.ArgumentTypeError("give at least one failure time, e.g. 3,17.5")
-    return times
+#: How to get matplotlib, which only --plot needs.
+PLOT_EXTRA = "pip install 'mouthguard[plot]'"
 
 
 #: (flag, argparse type, default, help) of every option but the MTBF group.
@@ -107,7 +109,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mtbf = p.add_mutually_exclusive_group()
     mtbf.add_argument("--mtbf-hours", type=POSITIVE, help="job MTBF, hours")
     mtbf.add_argument("--gpu-mtbf-hours", type=POSITIVE, help="per-GPU MTBF, hours")
-    mtbf.add_argument("--failure-times-hours", type=_hours_list, help="e.g. 3,17.5 (wall hours)")
+    mtbf.add_argument("--failure-times-hours", type=failure_hours, help="e.g. 3,17.5 (wall hours)")
     p.add_argument(
         "--plot",
         metavar="FILE",
@@ -118,120 +120,45 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def build(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
     """The scenario and a description of it (JSON-ready). Raises ValueError on bad input."""
-    label, params, preset = resolve_model(args.preset)
-    gpus = args.gpus if args.gpus is not None else (preset.gpus if preset else None)
-    if gpus is None:
-        raise ValueError(f"give --gpus: {label} names no GPU count")
-    interval: float = args.interval_seconds or (
-        (preset.interval_seconds if preset else None) or DEFAULT_INTERVAL_S
-    )
-    total = sz.checkpoint_bytes(params)
-    if args.checkpoint_seconds is not None:
-        write = args.checkpoint_seconds
-    elif args.write_bandwidth is not None:
-        write = sz.write_seconds(total, args.write_bandwidth)
-    else:  # as `plan`: storage sized to land the save exactly within the window
-        write = (preset.window_seconds if preset else None) or DEFAULT_WINDOW_S
-    stall = args.stall_seconds
-    if stall is None:
-        stall = sz.snapshot_stall_seconds(sz.per_gpu_shard_bytes(total, gpus))
-    mtbf: float | None = None
-    if args.failure_times_hours is None:
-        mtbf = iv.job_mtbf_seconds(
-            job_mtbf_hours=args.mtbf_hours,
-            gpu_mtbf_hours=None
-            if args.mtbf_hours
-            else args.gpu_mtbf_hours or DEFAULT_GPU_MTBF_HOURS,
-            gpus=gpus,
-        )
-    sc = Scenario(
-        work_seconds=args.run_days * sz.SECONDS_PER_DAY,
-        interval_seconds=interval,
-        write_seconds=write,
-        checkpoint_bytes=total,
-        gpus=gpus,
-        gpu_hour_usd=args.gpu_hour_usd,
-        mtbf_seconds=mtbf,
-        failure_times=args.failure_times_hours,
+    d = deployment(args.preset, args.gpus, args.interval_seconds)
+    sc = scenario_for(
+        d,
         mode=args.mode,
-        snapshot_seconds=stall,
+        checkpoint_seconds=args.checkpoint_seconds,
+        write_bandwidth=args.write_bandwidth,
+        stall_seconds=args.stall_seconds,
         restart_seconds=args.restart_seconds,
+        gpu_hour_usd=args.gpu_hour_usd,
         corruption_probability=args.corruption_probability,
+        run_days=args.run_days,
+        mtbf_hours=args.mtbf_hours,
+        gpu_mtbf_hours=args.gpu_mtbf_hours,
+        failure_times=args.failure_times_hours,
     )
-    about = {"model": label, **dataclasses.asdict(sc), "stall_seconds": sc.stall_seconds}
+    about = {"model": d.label, **dataclasses.asdict(sc), "stall_seconds": sc.stall_seconds}
     return sc, about
-
-
-def _policies(args: argparse.Namespace) -> list[StoragePolicy]:
-    changes = {
-        key: value
-        for key, value in (
-            ("rebuild_probability", args.rebuild_probability),
-            ("rebuild_mean_seconds", args.rebuild_mean_seconds),
-        )
-        if value is not None
-    }
-    # Only a policy that demotes ever reads from the erasure-coded slow tier.
-    return [
-        dataclasses.replace(p, **changes) if p.demote_after_seconds is not None else p
-        for p in DEFAULT_POLICIES
-    ]
-
-
-def analytic_lost_seconds(sc: Scenario) -> float:
-    """Expected wall seconds lost per failure, closed form, for ``flat`` without corruption.
-
-    :mod:`mouthguard.plan.intervals`' model with the restart extended by the
-    read of one checkpoint from the flat tier: what the simulator's ``flat``
-    converges to when corruption is zero.
-    """
-    restart = sc.restart_seconds + FLAT.read_seconds(sc.checkpoint_bytes, demoted=False)
-    if sc.mode == "sync":
-        return iv.expected_lost_seconds_per_failure(sc.interval_seconds, sc.write_seconds, restart)
-    return iv.expected_lost_seconds_per_failure_async(
-        sc.interval_seconds, sc.snapshot_seconds, sc.write_seconds, restart
-    )
-
-
-def analytic(sc: Scenario) -> dict[str, float | None]:
-    """The closed-form figures printed next to the simulation (JSON ``analytic``)."""
-    m = sc.mtbf_seconds
-    return {
-        "expected_lost_seconds_per_failure": analytic_lost_seconds(sc),
-        "young_interval_seconds": iv.young_interval(sc.stall_seconds, m) if m else None,
-        "daly_interval_seconds": iv.daly_interval(sc.stall_seconds, m) if m else None,
-    }
-
-
-def sweep_grid(sc: Scenario) -> list[float]:
-    """Log-spaced intervals, seconds, around the analytic optimum (or the given interval)."""
-    centre = sc.interval_seconds
-    if sc.mtbf_seconds is not None:
-        centre = iv.daly_interval(sc.stall_seconds, sc.mtbf_seconds)
-        if sc.mode == "async":  # below W the next snapshot waits for the last write anyway
-            centre = max(centre, sc.write_seconds)
-    centre = max(centre, 60.0)
-    lo, ratio = centre / SWEEP_SPAN, SWEEP_SPAN ** (2 / (SWEEP_POINTS - 1))
-    return [lo * ratio**i for i in range(SWEEP_POINTS)]
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     """Simulate, print (table or ``--json``), optionally plot; 2 on bad input."""
     try:
-        _check_plot_path(args.plot)
+        _check_plot(args.plot)
         sc, about = build(args)
-        policies = _policies(args)
-        results = simulate(sc, policies, seed=args.seed, runs=args.runs)
-        plot = _plot(args, sc, about, policies, console) if args.plot else None
+        strategies = with_rebuild(
+            DEFAULT_STRATEGIES,
+            probability=args.rebuild_probability,
+            mean_seconds=args.rebuild_mean_seconds,
+        )
+        results = simulate(sc, strategies, seed=args.seed, runs=args.runs)
+        plot = _plot(args, sc, about, strategies, console) if args.plot else None
     except (ValueError, OSError) as exc:
-        error_console().print(f"[red]error:[/red] {exc}", highlight=False)
+        print_error(str(exc))
         return EXIT_USAGE
-    expected = analytic(sc)
     if args.json:
         out = {
             "policies": {name: r.as_dict() for name, r in results.items()},
             "scenario": about,
-            "analytic": expected,
+            "analytic": analytic_figures(sc),
             "plot": plot,
         }
         console.file.write(json.dumps(out) + "\n")
@@ -244,8 +171,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _check_plot_path(plot: str | None) -> None:
-    """Refuse a plot path in a missing directory or of an unknown format before the sweep."""
+def _check_plot(plot: str | None) -> None:
+    """Refuse, before the simulation, a plot that cannot be written.
+
+    That is a path in a missing directory, a suffix that names no image format,
+    or no matplotlib to draw with (a :class:`UsageError` naming the extra).
+    """
     if plot is None:
         return
     if not Path(plot).parent.is_dir():
@@ -255,6 +186,12 @@ def _check_plot_path(plot: str | None) -> None:
         raise ValueError(
             f"cannot write a plot to {plot}: name a {', '.join(others)} or {last} file"
         )
+    try:
+        importlib.import_module("mouthguard.plan.plot")  # matplotlib's only importer
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "matplotlib":
+            raise  # a broken mouthguard, not a missing extra: let it show
+        raise UsageError(f"--plot needs matplotlib, an optional extra: {PLOT_EXTRA}") from None
 
 
 def _plot_format(plot: str) -> str:
@@ -265,21 +202,20 @@ def _plot(
     args: argparse.Namespace,
     sc: Scenario,
     about: dict[str, Any],
-    policies: list[StoragePolicy],
+    strategies: list[StorageStrategy],
     console: Console,
 ) -> dict[str, Any]:
     # matplotlib takes a second to import: only a plot pays for it.
-    from mouthguard.plan.plot import Curve, cost_vs_interval_figure, optimum, render  # noqa: PLC0415
+    from mouthguard.plan.plot import cost_vs_interval_figure, render  # noqa: PLC0415
 
     grid = sweep_grid(sc)
     show = not args.json and console.is_terminal
     with Progress(console=console, transient=True, disable=not show) as bar:
         task = bar.add_task("sweeping intervals", total=len(grid))
-        curves = sweep_intervals(
-            sc, policies, grid, seed=args.seed, runs=args.runs, on_point=lambda: bar.advance(task)
+        lines = cost_curves(
+            sc, strategies, grid, seed=args.seed, runs=args.runs, on_point=lambda: bar.advance(task)
         )
-    lines = [Curve(name, grid, [r.cost_usd for r in rs]) for name, rs in curves.items()]
-    daly = analytic(sc)["daly_interval_seconds"]
+    daly = analytic_figures(sc)["daly_interval_seconds"]
     failures = (
         f"job MTBF {sc.mtbf_seconds / 3600:.1f} h"
         if sc.mtbf_seconds
@@ -312,7 +248,7 @@ def _plot(
     }
 
 
-def _table(about: dict[str, Any], results: dict[str, PolicyResult], sc: Scenario) -> Table:
+def _table(about: dict[str, Any], results: dict[str, StrategyResult], sc: Scenario) -> Table:
     first = next(iter(results.values()))
     title = (
         f"{about['model']} on {sc.gpus:,} GPUs, {sc.work_seconds / 86400:g} days of compute, "
@@ -331,7 +267,7 @@ def _table(about: dict[str, Any], results: dict[str, PolicyResult], sc: Scenario
     ):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for name, r in results.items():
-        per_failure = r.lost_gpu_hours * sc.gpu_hour_usd / r.failures if r.failures else 0.0
+        per_failure = lost_usd_per_failure(r, sc.gpu_hour_usd)
         table.add_row(
             name,
             f"${r.cost_usd:,.0f}",

@@ -1,10 +1,11 @@
-"""The expected-cost-versus-interval chart: one curve per storage policy, optimum marked.
+"""The expected-cost-versus-interval chart: one curve per storage strategy, optimum marked.
 
-Rendering only: the curves come from :func:`mouthguard.plan.simulate.sweep_intervals`
-and the caller decides where the PNG goes, so this module does no file I/O. It
-draws on a bare :class:`~matplotlib.figure.Figure` with the Agg canvas --
-never ``pyplot`` -- so it needs no display, keeps no global figure state and is
-safe to call from tests and threads.
+Rendering only: the curves come from :func:`mouthguard.plan.sweep.cost_curves`
+and the caller decides where the image goes, so this module does no file I/O.
+The only module of :mod:`mouthguard.plan` that imports matplotlib; nothing
+imports it but a plot. It draws on a bare :class:`~matplotlib.figure.Figure`
+with the Agg canvas -- never ``pyplot`` -- so it needs no display, keeps no
+global figure state and is safe to call from tests and threads.
 """
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ import io
 import math
 import textwrap
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-__all__ = ["Curve", "cost_vs_interval_figure", "optimum", "render", "render_png"]
+from mouthguard.plan.sweep import Curve, optimum
+
+__all__ = ["cost_vs_interval_figure", "render", "render_png"]
 
 _MINUTE = 60.0
-# Fixed colours and dashes per policy so the chart reads the same every time and
+# Fixed colours and dashes per strategy so the chart reads the same every time and
 # survives greyscale printing and colour blindness (line style differs too).
 # Optimum markers shrink down the list so that coinciding optima stay visible.
 _STYLES: dict[str, tuple[str, str, str, float]] = {
@@ -33,31 +35,6 @@ _STYLES: dict[str, tuple[str, str, str, float]] = {
 }
 _FALLBACK_COLOURS = ("#762a83", "#e08214", "#4d4d4d")
 _TICKS_MINUTES = (1, 2, 3, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 360, 480, 720, 1440, 2880)
-
-
-@dataclass(frozen=True)
-class Curve:
-    """One policy's expected cost at each interval.
-
-    Attributes:
-        label: the policy name (also picks its colour).
-        intervals_seconds: checkpoint intervals, seconds, increasing.
-        cost_usd: expected cost of the run at each interval, USD.
-    """
-
-    label: str
-    intervals_seconds: Sequence[float]
-    cost_usd: Sequence[float]
-
-    def __post_init__(self) -> None:
-        if len(self.intervals_seconds) != len(self.cost_usd) or not self.cost_usd:
-            raise ValueError("a curve needs as many costs as intervals, at least one")
-
-
-def optimum(curve: Curve) -> tuple[float, float]:
-    """``(interval_seconds, cost_usd)`` of the curve's cheapest point (the first if tied)."""
-    best = min(range(len(curve.cost_usd)), key=curve.cost_usd.__getitem__)
-    return curve.intervals_seconds[best], curve.cost_usd[best]
 
 
 def _minutes(seconds: float) -> str:

@@ -1,4 +1,4 @@
-"""A seeded discrete-event simulation of one training run with failures, per storage policy.
+"""A seeded discrete-event simulation of one training run with failures, per storage strategy.
 
 The timeline (all times wall-clock seconds from the start of the run):
 
@@ -11,12 +11,12 @@ The timeline (all times wall-clock seconds from the start of the run):
 * Failures of the whole job come from a Poisson process with the job MTBF, or
   from a given list of wall times. They strike at any moment, recoveries
   included.
-* A failure rewinds to the newest landed checkpoint the policy can deliver.
+* A failure rewinds to the newest landed checkpoint the strategy can deliver.
   Recovery costs the restart ``R``, plus reading every checkpoint tried (from
-  the tier the policy left it on), plus, when any of them had been demoted, a
+  the tier the strategy left it on), plus, when any of them had been demoted, a
   possible erasure-code rebuild wait. A checkpoint is corrupt with probability
   ``p``; the recovery reads it, fails to load it, and falls back one more
-  checkpoint, whatever the policy (none repairs a checkpoint written corrupt).
+  checkpoint, whatever the strategy (none repairs a checkpoint written corrupt).
   The state a segment resumed from is known good (it was just loaded).
 * Lost seconds per failure = wall time since compute last resumed from the
   restored state, plus the recovery. What is neither useful compute nor lost
@@ -27,7 +27,7 @@ Events are failures and the run's end: between two of them the checkpoint
 schedule is periodic, so the simulator computes the landed checkpoints in
 closed form instead of stepping through each (a 14-day run costs one step per
 failure, not per save). Randomness comes from a counter-based generator keyed
-by ``(seed, run, stream, index)``: every policy and every interval sees the
+by ``(seed, run, stream, index)``: every strategy and every interval sees the
 same failure times, corruption draws and rebuild draws for a given run (common
 random numbers), so differences between curves are the model's, not noise.
 """
@@ -40,14 +40,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from mouthguard.plan.policies import StoragePolicy
+from mouthguard.plan.strategies import StorageStrategy
 
 __all__ = [
     "MAX_FAILURES_PER_RUN",
     "MAX_RUNS",
-    "PolicyResult",
     "RunResult",
     "Scenario",
+    "StrategyResult",
     "simulate",
     "simulate_run",
     "sweep_intervals",
@@ -71,7 +71,7 @@ def _finite(name: str, value: float, *, positive: bool = False) -> None:
 
 @dataclass(frozen=True)
 class Scenario:
-    """What is simulated, the same for every policy. Seconds, bytes, USD.
+    """What is simulated, the same for every strategy. Seconds, bytes, USD.
 
     Attributes:
         work_seconds: useful compute the run must complete (> 0).
@@ -154,11 +154,11 @@ class RunResult:
 
 
 @dataclass(frozen=True)
-class PolicyResult:
-    """One policy's results, averaged over runs.
+class StrategyResult:
+    """One strategy's results, averaged over runs.
 
     Attributes:
-        policy: the policy's name.
+        strategy: the strategy's name.
         runs: how many runs were averaged.
         cost_usd: GPU time not spent on useful compute (lost work, recoveries
             and checkpoint stalls) times the GPU-hour price, per run.
@@ -171,7 +171,7 @@ class PolicyResult:
         recovery_hours: mean wall time spent recovering, hours.
     """
 
-    policy: str
+    strategy: str
     runs: int
     cost_usd: float
     lost_gpu_hours: float
@@ -183,15 +183,15 @@ class PolicyResult:
     recovery_hours: float
 
     def as_dict(self) -> dict[str, float | int]:
-        """The JSON form (``policy`` is the key it is stored under)."""
+        """The JSON form (without ``strategy``: the name is the key it is stored under)."""
         out = dataclasses.asdict(self)
-        del out["policy"]
+        del out["strategy"]
         return out
 
 
 def _mix(x: int) -> int:
     # splitmix64's finaliser: a counter-based generator, so draw k of a stream
-    # never depends on how many draws another policy or interval consumed.
+    # never depends on how many draws another strategy or interval consumed.
     x = (x + 0x9E3779B97F4A7C15) & _MASK
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
@@ -228,8 +228,8 @@ def _failures(sc: Scenario, draws: _Draws) -> Iterator[float]:
 class _Run:
     """One run's mutable state; :meth:`play` advances it failure by failure to the end."""
 
-    def __init__(self, sc: Scenario, policy: StoragePolicy, draws: _Draws) -> None:
-        self.sc, self.policy, self.draws = sc, policy, draws
+    def __init__(self, sc: Scenario, strategy: StorageStrategy, draws: _Draws) -> None:
+        self.sc, self.strategy, self.draws = sc, strategy, draws
         self.fails = _failures(sc, draws)
         self.cycle = sc.interval_seconds + sc.stall_seconds
         sync = sc.mode == "sync"
@@ -259,7 +259,7 @@ class _Run:
         return k
 
     def demoted(self, landed_at: float, now: float) -> bool:
-        after = self.policy.demote_after_seconds
+        after = self.strategy.demote_after_seconds
         return after is not None and now - landed_at >= after
 
     def restore(self, tf: float, k: int) -> tuple[int, float, float]:
@@ -268,13 +268,13 @@ class _Run:
         Tries landed checkpoints newest first; a corrupt one is read in full
         before the load fails. Adds the rebuild wait to the total.
         """
-        sc, policy = self.sc, self.policy
+        sc, strategy = self.sc, self.strategy
         read = own = 0.0
         slow_read = False
         target = 0
         for i in range(k, 0, -1):
             slow = self.demoted(self.stall_end(i) + self.land, tf)
-            own = policy.read_seconds(sc.checkpoint_bytes, demoted=slow)
+            own = strategy.read_seconds(sc.checkpoint_bytes, demoted=slow)
             read, slow_read = read + own, slow_read or slow
             bad = self.draws.uniform(_CORRUPT, self.first_write + i - 1) < sc.corruption_probability
             if not bad:
@@ -283,11 +283,11 @@ class _Run:
             self.fallbacks += 1
         if target == 0:  # the state this segment resumed from, known good; hot since then
             slow = self.demoted(self.start, tf) and self.base_bytes > 0
-            own = policy.read_seconds(self.base_bytes, demoted=slow)
+            own = strategy.read_seconds(self.base_bytes, demoted=slow)
             read, slow_read = read + own, slow_read or slow
-        if slow_read and self.draws.uniform(_REBUILD, self.failures) < policy.rebuild_probability:
+        if slow_read and self.draws.uniform(_REBUILD, self.failures) < strategy.rebuild_probability:
             read += self.draws.exponential(
-                _REBUILD_WAIT, self.failures, policy.rebuild_mean_seconds
+                _REBUILD_WAIT, self.failures, strategy.rebuild_mean_seconds
             )
         return target, read, own
 
@@ -339,33 +339,35 @@ class _Run:
             self.first_write += k + 1  # write numbers only key the corruption draws
 
 
-def simulate_run(sc: Scenario, policy: StoragePolicy, *, seed: int = 0, run: int = 0) -> RunResult:
-    """Simulate one run; deterministic in ``(sc, policy, seed, run)``.
+def simulate_run(
+    sc: Scenario, strategy: StorageStrategy, *, seed: int = 0, run: int = 0
+) -> RunResult:
+    """Simulate one run; deterministic in ``(sc, strategy, seed, run)``.
 
     Raises :class:`ValueError` when the run needs more than
     :data:`MAX_FAILURES_PER_RUN` failures to finish.
     """
-    return _Run(sc, policy, _Draws(seed, run)).play()
+    return _Run(sc, strategy, _Draws(seed, run)).play()
 
 
 def simulate(
-    sc: Scenario, policies: Sequence[StoragePolicy], *, seed: int = 0, runs: int = 1
-) -> dict[str, PolicyResult]:
-    """Average ``runs`` simulated runs per policy (runs ``0..runs-1``, shared draws).
+    sc: Scenario, strategies: Sequence[StorageStrategy], *, seed: int = 0, runs: int = 1
+) -> dict[str, StrategyResult]:
+    """Average ``runs`` simulated runs per strategy (runs ``0..runs-1``, shared draws).
 
-    Returns policy name -> :class:`PolicyResult`, in the order given. Raises
+    Returns strategy name -> :class:`StrategyResult`, in the order given. Raises
     :class:`ValueError` for ``runs`` outside ``1..MAX_RUNS``.
     """
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
         raise ValueError(f"runs must be an integer in 1..{MAX_RUNS}, got {runs!r}")
     gpu_h = sc.gpus / _HOUR
-    out: dict[str, PolicyResult] = {}
-    for policy in policies:
-        results = [simulate_run(sc, policy, seed=seed, run=r) for r in range(runs)]
+    out: dict[str, StrategyResult] = {}
+    for strategy in strategies:
+        results = [simulate_run(sc, strategy, seed=seed, run=r) for r in range(runs)]
         wall = sum(r.wall_seconds for r in results) / runs
         lost = sum(r.lost_seconds for r in results) / runs
-        out[policy.name] = PolicyResult(
-            policy=policy.name,
+        out[strategy.name] = StrategyResult(
+            strategy=strategy.name,
             runs=runs,
             cost_usd=(wall - sc.work_seconds) * gpu_h * sc.gpu_hour_usd,
             lost_gpu_hours=lost * gpu_h,
@@ -381,21 +383,21 @@ def simulate(
 
 def sweep_intervals(
     sc: Scenario,
-    policies: Sequence[StoragePolicy],
+    strategies: Sequence[StorageStrategy],
     intervals_seconds: Sequence[float],
     *,
     seed: int = 0,
     runs: int = 1,
     on_point: Callable[[], None] | None = None,
-) -> Mapping[str, list[PolicyResult]]:
-    """:func:`simulate` at each interval: policy name -> one result per interval, in order.
+) -> Mapping[str, list[StrategyResult]]:
+    """:func:`simulate` at each interval: strategy name -> one result per interval, in order.
 
     ``on_point`` is called after each interval (for a progress bar).
     """
-    curves: dict[str, list[PolicyResult]] = {p.name: [] for p in policies}
+    curves: dict[str, list[StrategyResult]] = {p.name: [] for p in strategies}
     for interval in intervals_seconds:
         for name, result in simulate(
-            sc.with_interval(interval), policies, seed=seed, runs=runs
+            sc.with_interval(interval), strategies, seed=seed, runs=runs
         ).items():
             curves[name].append(result)
         if on_point is not None:

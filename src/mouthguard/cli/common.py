@@ -1,14 +1,40 @@
-"""Argument types and the parser class of the ``mouthguard`` command line.
+"""What every ``mouthguard`` command shares: exit codes, argument types, how errors are reported.
 
-Every type raises :class:`argparse.ArgumentTypeError` with one wording, so a bad
-value reads the same whatever the command::
+**Exit codes** (the same for every command; each command's ``--help`` or module
+docstring says which of them it uses and when):
+
+=====  =======================  ======================================================
+code   name                     meaning
+=====  =======================  ======================================================
+0      :data:`EXIT_OK`          success
+1      :data:`EXIT_FAILED`      the command ran, but what it checks or aims for does
+                                not hold: a copy is invalid or damaged, a checkpoint
+                                is left unprotected, there is no such hold, a
+                                placement is unsatisfiable, an invariant broke under
+                                chaos, the demo did not reproduce its reference run;
+                                also bad data (any other ``MouthguardError``)
+2      :data:`EXIT_USAGE`       usage error: bad arguments, or arguments that name
+                                nothing (unknown store, tier, run, step, model), or
+                                an option whose optional dependency is missing
+130    :data:`EXIT_INTERRUPTED` interrupted (128 + SIGINT)
+141    :data:`EXIT_BROKEN_PIPE` the reader of the output went away (128 + SIGPIPE):
+                                the command stops quietly, as Unix tools do
+=====  =======================  ======================================================
+
+**Errors** reach the user one way, :func:`print_error`: one line on stderr,
+``error: MESSAGE``, never wrapped, never a traceback. An argument that argparse
+rejects adds one more line, a pointer to the command's ``--help``
+(:class:`Parser`), instead of the usage dump. An argument that parses but names
+nothing raises :class:`UsageError`, which ``main`` reports and turns into exit 2.
+
+**Argument types** raise :class:`argparse.ArgumentTypeError` with one wording,
+so a bad value reads the same whatever the command::
 
     error: argument --rounds: must be an integer >= 1: '0'
     error: argument --interval: not a number: 'soon'
 
 (a plain ``ValueError`` would make argparse print the function's Python name:
-"invalid _rounds value"). :class:`Parser` prints that one line and a hint naming
-the command's ``--help`` instead of the full usage, and exits 2.
+"invalid _rounds value").
 """
 
 from __future__ import annotations
@@ -19,9 +45,45 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
+from rich.console import Console
+from rich.markup import escape
+
+from mouthguard.checkpoint.store import Store
+from mouthguard.cli.render import error_console
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a process stopped by SIGINT
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
+
+#: A subcommand that needs a store: ``(store, parsed arguments, stdout console) -> exit code``.
+Handler = Callable[[Store, argparse.Namespace, Console], int]
+
 _T = TypeVar("_T")
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 _SIZED = re.compile(r"\s*([0-9.eE+-]+)\s*([kmgtp]?)b?(?:/s)?\s*", re.IGNORECASE)
+
+
+class UsageError(ValueError):
+    """Arguments that parse but name nothing: a run, step, tier or model that is not there.
+
+    ``main`` reports it with :func:`print_error` and exits :data:`EXIT_USAGE`.
+    A ``ValueError`` so that validators below the CLI (run names, step numbers),
+    which raise plain ``ValueError``, are reported the same way.
+    """
+
+
+def print_error(message: str, *, hint: str | None = None) -> None:
+    """Report ``message`` on stderr as ``error: MESSAGE`` (red on a terminal), then ``hint``.
+
+    The only way the CLI reports an error. The message is printed as text, never
+    as rich markup: ``[policy]`` in a configuration error stays ``[policy]``.
+    """
+    console = error_console()
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    if hint is not None:
+        console.print(hint, highlight=False, markup=False)
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,7 +94,8 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Print ``error: MESSAGE`` and ``run 'PROG --help' for usage``; exit 2."""
-        self.exit(2, f"error: {message}\nrun '{self.prog} --help' for usage\n")
+        print_error(message, hint=f"run '{self.prog} --help' for usage")
+        self.exit(EXIT_USAGE)
 
 
 class Version(argparse.Action):
@@ -133,17 +196,34 @@ PROBABILITY = number(0, 1)
 BYTES = number(0, strict=True, units=True)
 
 
+def failure_hours(text: str) -> tuple[float, ...]:
+    """Failure times given as comma-separated hours >= 0 (``3,17.5``): seconds, sorted."""
+    times = tuple(sorted(NON_NEGATIVE(part) * 3600.0 for part in text.split(",") if part.strip()))
+    if not times:
+        raise argparse.ArgumentTypeError("give at least one failure time, e.g. 3,17.5")
+    return times
+
+
 __all__ = [
     "BYTES",
     "COUNT",
+    "EXIT_BROKEN_PIPE",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
     "NON_NEGATIVE",
     "NON_NEGATIVE_INT",
     "POSITIVE",
     "PROBABILITY",
     "STEP",
+    "Handler",
     "Parser",
+    "UsageError",
     "Version",
     "checked",
+    "failure_hours",
     "integer",
     "number",
+    "print_error",
 ]

@@ -13,9 +13,7 @@ import pytest
 import torch
 
 import mouthguard
-from mouthguard.checkpoint import reader
-from mouthguard.errors import CheckpointFallbackWarning
-from mouthguard.jobs.chaos import (
+from mouthguard.chaos import (
     ChaosReport,
     chaos_policy,
     chaos_state,
@@ -23,6 +21,8 @@ from mouthguard.jobs.chaos import (
     run_chaos,
     same_state,
 )
+from mouthguard.checkpoint import reader
+from mouthguard.errors import CheckpointFallbackWarning
 from mouthguard.jobs.replicator import Replicator
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.tiers.faults import FaultPlan, FaultyTier
@@ -107,7 +107,7 @@ def test_a_crash_is_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     def broken(*args: object, **kwargs: object) -> None:
         raise AttributeError("a bug, not a storage fault")
 
-    monkeypatch.setattr("mouthguard.jobs.chaos.apply_retention", broken)
+    monkeypatch.setattr("mouthguard.chaos.apply_retention", broken)
     report = run_chaos(mouthguard.open_store(tmp_path / "s"), rounds=2, plan=FaultPlan(), run="c")
     assert report.crashes == 2 and not report.ok
     assert "retention crashed: AttributeError" in report.failures[0]

@@ -27,6 +27,10 @@ A round *survives* when none of these happened in it; the injected faults of
 surviving rounds are the ``survived`` count. One function,
 :func:`run_chaos`, serves the ``mouthguard chaos`` command and
 ``reliability/chaos.py``.
+
+A layer of its own, above the storage core (it drives checkpoint and jobs
+through fault-injecting tiers) and below the CLI: an exercise that judges the
+store, not a job the store runs, so nothing in the core imports it.
 """
 
 from __future__ import annotations

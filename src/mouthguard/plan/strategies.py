@@ -1,13 +1,17 @@
-"""Storage policies the simulator compares, as data.
+"""Storage strategies the simulator compares, as data.
 
-A policy says only what changes the cost of a failure: where the checkpoint a
+A *strategy* is how a storage platform treats checkpoints -- importance-aware
+(mouthguard), access-temperature tiering, one flat tier -- not mouthguard's own
+importance policy (:mod:`mouthguard.policy`), which the model does not run.
+
+A strategy says only what changes the cost of a failure: where the checkpoint a
 recovery needs is sitting (fast or slow tier, at what read bandwidth) and
 whether reading it from the slow tier may wait on an erasure-code rebuild. Corruption
-is the scenario's and costs every policy the same way: a resume reads the
+is the scenario's and costs every strategy the same way: a resume reads the
 corrupt checkpoint, fails to load it and falls back one checkpoint (see
 "verification" below for why mouthguard is no exception). Everything else
 (interval, write time, failure process) is the scenario's and is the same for
-every policy, so differences in the results are the policy's doing.
+every strategy, so differences in the results are the strategy's doing.
 
 Units: bandwidths in bytes per second (decimal, 1 GB/s = 1e9 B/s), times in
 seconds, probabilities in ``[0, 1]``.
@@ -45,23 +49,25 @@ figures, quoted; "assumption" marks a figure no source gives):
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 __all__ = [
-    "DEFAULT_POLICIES",
+    "DEFAULT_STRATEGIES",
     "FAST_READ_BYTES_PER_S",
     "FLAT",
     "IMPORTANCE",
-    "POLICIES",
     "REBUILD_MEAN_SECONDS",
     "REBUILD_PROBABILITY",
     "SLOW_READ_BYTES_PER_S",
+    "STRATEGIES",
     "TEMPERATURE",
-    "StoragePolicy",
-    "get_policy",
+    "StorageStrategy",
+    "get_strategy",
+    "with_rebuild",
 ]
 
 FAST_READ_BYTES_PER_S = 100e9
@@ -72,7 +78,7 @@ REBUILD_MEAN_SECONDS = 30 * 60.0
 
 
 @dataclass(frozen=True)
-class StoragePolicy:
+class StorageStrategy:
     """How a storage platform treats checkpoints, as far as recovery cost goes.
 
     Attributes:
@@ -122,11 +128,11 @@ class StoragePolicy:
 # In this model importance behaves as one fast tier would: what it adds over a
 # flat all-fast store (older checkpoints moved to cheaper tiers, replicas in
 # another failure domain) is capacity and protection the model does not price.
-IMPORTANCE = StoragePolicy(
+IMPORTANCE = StorageStrategy(
     "importance",
     "mouthguard: newest valid checkpoints pinned on the fast tier, replicated",
 )
-TEMPERATURE = StoragePolicy(
+TEMPERATURE = StorageStrategy(
     "temperature",
     "access-temperature tiering: demoted within minutes, erasure-coded, unverified",
     demote_after_seconds=DEMOTE_AFTER_SECONDS,
@@ -135,18 +141,47 @@ TEMPERATURE = StoragePolicy(
 )
 # One tier that neither punishes nor elevates write-once data: the fast tier's
 # bandwidth for every read, but nobody checks a checkpoint until it is loaded.
-FLAT = StoragePolicy("flat", "one tier, no tiering, no verification")
+FLAT = StorageStrategy("flat", "one tier, no tiering, no verification")
 
-#: The three policies ``mouthguard simulate`` compares, in display order.
-DEFAULT_POLICIES: tuple[StoragePolicy, ...] = (IMPORTANCE, TEMPERATURE, FLAT)
+#: The three strategies ``mouthguard simulate`` compares, in display order.
+DEFAULT_STRATEGIES: tuple[StorageStrategy, ...] = (IMPORTANCE, TEMPERATURE, FLAT)
 
-#: Policy name -> policy.
-POLICIES: Mapping[str, StoragePolicy] = MappingProxyType({p.name: p for p in DEFAULT_POLICIES})
+#: Strategy name -> strategy.
+STRATEGIES: Mapping[str, StorageStrategy] = MappingProxyType(
+    {s.name: s for s in DEFAULT_STRATEGIES}
+)
 
 
-def get_policy(name: str) -> StoragePolicy:
-    """The built-in policy called ``name``; :class:`ValueError` naming the known ones if none."""
+def get_strategy(name: str) -> StorageStrategy:
+    """The built-in strategy called ``name``; :class:`ValueError` naming the known ones if none."""
     try:
-        return POLICIES[name]
+        return STRATEGIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+        known = ", ".join(STRATEGIES)
+        raise ValueError(f"unknown strategy {name!r}; known: {known}") from None
+
+
+def with_rebuild(
+    strategies: Iterable[StorageStrategy],
+    *,
+    probability: float | None = None,
+    mean_seconds: float | None = None,
+) -> list[StorageStrategy]:
+    """``strategies`` with the erasure-code rebuild figures changed where given.
+
+    Only a strategy that demotes ever reads from the erasure-coded slow tier, so
+    the others are returned unchanged.
+    """
+    return [_with_rebuild(s, probability, mean_seconds) for s in strategies]
+
+
+def _with_rebuild(
+    s: StorageStrategy, probability: float | None, mean_seconds: float | None
+) -> StorageStrategy:
+    if s.demote_after_seconds is None:
+        return s
+    return dataclasses.replace(
+        s,
+        rebuild_probability=s.rebuild_probability if probability is None else probability,
+        rebuild_mean_seconds=s.rebuild_mean_seconds if mean_seconds is None else mean_seconds,
+    )
