@@ -9,7 +9,7 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
-from mouthguard.tiers.keys import join_key, validate_key
+from mouthguard.tiers.object_keys import join_key, validate_key
 
 __all__ = [
     "BytesLike",

@@ -9,7 +9,7 @@ class, so the commit protocol can pick the safe path for each tier.
 Contracts every implementation keeps (checked by the conformance suite in
 ``tests/tiers``):
 
-* Keys are validated with :func:`mouthguard.tiers.keys.validate_key` before any
+* Keys are validated with :func:`mouthguard.tiers.object_keys.validate_key` before any
   I/O: nothing is ever read or written outside the tier's root.
 * ``put`` is all-or-nothing: a reader sees either the previous object (or none)
   or the complete new one, never a prefix of it. On a durable tier the object

@@ -68,7 +68,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from mouthguard.errors import AuthenticationError, ConfigError, EncryptionKeyError, TierError
 from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, TierCapabilities, iter_buffers
 from mouthguard.tiers.key_material import parse_keyring, validate_key_id
-from mouthguard.tiers.keys import validate_key
+from mouthguard.tiers.object_keys import validate_key
 from mouthguard.tiers.wrapper import WrappedTier
 
 MAGIC = b"MGCRYPT"

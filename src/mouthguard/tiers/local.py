@@ -48,8 +48,8 @@ from mouthguard.tiers.base import (
 )
 from mouthguard.tiers.direct_read import DIRECT_READ_MIN_BYTES, read_direct
 from mouthguard.tiers.direct_write import DIRECT_MIN_BYTES, WriteError, drop_cached, write_stream
-from mouthguard.tiers.keys import validate_key, validate_prefix
 from mouthguard.tiers.memory import check_range, rename_keys, validate_dir_prefix
+from mouthguard.tiers.object_keys import validate_key, validate_prefix
 from mouthguard.tiers.posix import (
     TMP_PREFIX,
     DebrisSweep,

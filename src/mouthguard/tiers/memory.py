@@ -28,7 +28,7 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
-from mouthguard.tiers.keys import validate_key, validate_prefix
+from mouthguard.tiers.object_keys import validate_key, validate_prefix
 
 _CAPABILITIES = TierCapabilities(
     atomic_rename=True,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mouthguard.errors import InvalidKeyError, TierError
-from mouthguard.tiers.keys import MAX_KEY_LENGTH, validate_segment
+from mouthguard.tiers.object_keys import MAX_KEY_LENGTH, validate_segment
 
 #: Name prefix of the local tier's temporary files: dot-named, so never an object.
 TMP_PREFIX = ".tmp-"

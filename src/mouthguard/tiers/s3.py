@@ -59,8 +59,8 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
-from mouthguard.tiers.keys import validate_key, validate_prefix
 from mouthguard.tiers.memory import check_range, validate_dir_prefix
+from mouthguard.tiers.object_keys import validate_key, validate_prefix
 from mouthguard.tiers.s3_control import OBSTORE_ERRORS, check_tags, connect
 from mouthguard.tiers.s3_create import create_with_retries
 from mouthguard.tiers.s3_probe import (

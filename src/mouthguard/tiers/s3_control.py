@@ -34,7 +34,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from obstore.store import S3Store
 
 from mouthguard.errors import InvalidKeyError, ObjectExistsError, ObjectNotFoundError, TierError
-from mouthguard.tiers.keys import validate_key
+from mouthguard.tiers.object_keys import validate_key
 
 if TYPE_CHECKING:
     from obstore.store import S3Config

@@ -5,6 +5,9 @@ uses a conservative alphabet, is not ``.`` or ``..`` and does not start with a
 dot (dot-names are reserved for a tier's own temporary files, which must stay
 invisible to ``list``). Keys arrive from manifests and configuration, which may
 be hostile, so every tier validates every key before touching storage.
+
+"Key" here is an object's name; encryption keys are in
+:mod:`mouthguard.tiers.key_material`.
 """
 
 from __future__ import annotations
