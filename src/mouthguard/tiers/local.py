@@ -48,8 +48,12 @@ from mouthguard.tiers.base import (
 )
 from mouthguard.tiers.direct_read import DIRECT_READ_MIN_BYTES, read_direct
 from mouthguard.tiers.direct_write import DIRECT_MIN_BYTES, WriteError, drop_cached, write_stream
-from mouthguard.tiers.memory import check_range, rename_keys, validate_dir_prefix
-from mouthguard.tiers.object_keys import validate_key, validate_prefix
+from mouthguard.tiers.object_keys import (
+    validate_dir_prefix,
+    validate_key,
+    validate_prefix,
+    validate_rename,
+)
 from mouthguard.tiers.posix import (
     TMP_PREFIX,
     DebrisSweep,
@@ -59,6 +63,7 @@ from mouthguard.tiers.posix import (
     set_xattrs,
     walk_keys,
 )
+from mouthguard.tiers.ranges import check_range
 
 # O_NONBLOCK: opening a FIFO planted in the root must not hang a reader; it has
 # no effect on regular files.
@@ -514,7 +519,7 @@ class LocalTier(Tier):
             ObjectExistsError: ``dst`` exists and is not an empty directory.
             DurabilityError: the ``fsync`` of a parent directory failed.
         """
-        src_p, dst_p = rename_keys(src, dst)
+        src_p, dst_p = validate_rename(src, dst)
         src_path, dst_path = self._path(src_p[:-1]), self._path(dst_p[:-1])
         # _has_objects is also false for a missing src, a file, or a symbolic link.
         if not self._has_objects(src_p):

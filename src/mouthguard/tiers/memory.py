@@ -6,10 +6,6 @@ with the process (or with the instance). It exists for a node-local "fast"
 tier and for tests, and it deliberately implements every rule of
 :mod:`mouthguard.tiers.base` exactly, including atomic ``rename_prefix`` and
 atomic ``PutMode.CREATE``.
-
-The module also holds the few argument checks every tier shares
-(:func:`check_range`, :func:`validate_dir_prefix`, :func:`rename_keys`), so that
-all tiers reject the same inputs with the same errors.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 
-from mouthguard.errors import InvalidKeyError, ObjectExistsError, ObjectNotFoundError, TierError
+from mouthguard.errors import ObjectExistsError, ObjectNotFoundError
 from mouthguard.tiers.base import (
     ObjectInfo,
     PutData,
@@ -28,7 +24,13 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
-from mouthguard.tiers.object_keys import validate_key, validate_prefix
+from mouthguard.tiers.object_keys import (
+    validate_dir_prefix,
+    validate_key,
+    validate_prefix,
+    validate_rename,
+)
+from mouthguard.tiers.ranges import check_range
 
 _CAPABILITIES = TierCapabilities(
     atomic_rename=True,
@@ -37,66 +39,6 @@ _CAPABILITIES = TierCapabilities(
     durable=False,
     persistent=False,
 )
-
-
-def check_range(key: str, size: int, start: int, end: int | None) -> int:
-    """Validate the byte range ``[start, end)`` of an object of ``size`` bytes.
-
-    Args:
-        key: the object's key (for the error message).
-        size: the object's size in bytes.
-        start: first byte to read; must be ``>= 0``.
-        end: one past the last byte; ``None`` means ``size``. Must satisfy
-            ``start <= end <= size``.
-
-    Returns:
-        The effective ``end``.
-
-    Raises:
-        TierError: the range is negative, reversed or runs past the object's end.
-            A short read is never returned silently.
-    """
-    stop = size if end is None else end
-    if start < 0 or stop < start or stop > size:
-        raise TierError(
-            f"invalid byte range [{start}, {end}) for {key!r}: the object has {size} bytes"
-        )
-    return stop
-
-
-def validate_dir_prefix(prefix: str) -> str:
-    """Return ``prefix`` if it is a valid ``list_dirs`` prefix: empty or ending with ``/``.
-
-    Raises:
-        InvalidKeyError: the prefix is not a valid key or does not end with ``/``.
-    """
-    validate_prefix(prefix)
-    if prefix and not prefix.endswith("/"):
-        raise InvalidKeyError(f"invalid directory prefix {prefix!r}: must be empty or end with '/'")
-    return prefix
-
-
-def rename_keys(src: str, dst: str) -> tuple[str, str]:
-    """Validate the arguments of ``rename_prefix`` and return them as ``/``-ended prefixes.
-
-    Args:
-        src: the source prefix, with or without a trailing ``/``.
-        dst: the destination prefix, with or without a trailing ``/``.
-
-    Returns:
-        ``(src + "/", dst + "/")``.
-
-    Raises:
-        InvalidKeyError: either prefix is not a valid key.
-        TierError: the prefixes are equal or one contains the other; a POSIX
-            rename refuses that too, so every tier refuses it.
-    """
-    src_key = validate_key(src.removesuffix("/"))
-    dst_key = validate_key(dst.removesuffix("/"))
-    src_p, dst_p = src_key + "/", dst_key + "/"
-    if src_p.startswith(dst_p) or dst_p.startswith(src_p):
-        raise TierError(f"cannot rename {src_key!r} to {dst_key!r}: the prefixes overlap")
-    return src_p, dst_p
 
 
 class MemoryTier(Tier):
@@ -228,7 +170,7 @@ class MemoryTier(Tier):
             ObjectNotFoundError: nothing exists under ``src/``.
             ObjectExistsError: ``dst/`` already holds an object.
         """
-        src_p, dst_p = rename_keys(src, dst)
+        src_p, dst_p = validate_rename(src, dst)
         with self._lock:
             moving = [k for k in self._objects if k.startswith(src_p)]
             if not moving:

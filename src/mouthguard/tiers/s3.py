@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 import obstore
 
-from mouthguard.errors import InvalidKeyError, ObjectExistsError, TierError
+from mouthguard.errors import ObjectExistsError, TierError
 from mouthguard.tiers.base import (
     BytesLike,
     ObjectInfo,
@@ -59,8 +59,14 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
-from mouthguard.tiers.memory import check_range, validate_dir_prefix
-from mouthguard.tiers.object_keys import validate_key, validate_prefix
+from mouthguard.tiers.object_keys import (
+    is_valid_key,
+    is_valid_segment,
+    validate_dir_prefix,
+    validate_key,
+    validate_prefix,
+)
+from mouthguard.tiers.ranges import check_range
 from mouthguard.tiers.s3_control import OBSTORE_ERRORS, check_tags, connect
 from mouthguard.tiers.s3_create import create_with_retries
 from mouthguard.tiers.s3_probe import (
@@ -366,7 +372,7 @@ class S3Tier(Tier):
         Objects whose names are not valid keys are skipped (see the module docstring).
         """
         validate_prefix(prefix)
-        return iter(sorted(key for key in self._control.list_keys(prefix) if _is_key(key)))
+        return iter(sorted(key for key in self._control.list_keys(prefix) if is_valid_key(key)))
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the sorted names ``n`` such that an object lives below ``prefix + n + "/"``.
@@ -376,7 +382,7 @@ class S3Tier(Tier):
         """
         validate_dir_prefix(prefix)
         names = (common.removesuffix("/") for common in self._control.common_prefixes(prefix))
-        return sorted(name for name in names if _is_key(name) and "/" not in name)
+        return sorted(name for name in names if is_valid_segment(name))
 
     def delete(self, key: str) -> bool:
         """Delete ``key``; return whether it existed.
@@ -497,11 +503,3 @@ class PartStream:
         yield from first
         while (part := self._next_part()) is not None:
             yield part
-
-
-def _is_key(key: str) -> bool:
-    try:
-        validate_key(key)
-    except InvalidKeyError:
-        return False
-    return True
