@@ -33,6 +33,8 @@ import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from typing_extensions import override
+
 from mouthguard.errors import ObjectNotFoundError, UnsupportedOperationError
 
 #: One contiguous chunk of bytes.
@@ -204,6 +206,7 @@ class Tier(abc.ABC):
                 count += 1
         return count
 
+    @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, location={self.location()!r})"
 

@@ -46,6 +46,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from typing_extensions import override
+
 from mouthguard.errors import DurabilityError, TierError
 from mouthguard.tiers.base import (
     ObjectInfo,
@@ -299,14 +301,17 @@ class FaultyTier(Tier):
     # --- the tier interface --------------------------------------------------
 
     @property
+    @override
     def capabilities(self) -> TierCapabilities:
         """The inner tier's capabilities: faults change behaviour, not declarations."""
         return self.inner.capabilities
 
+    @override
     def location(self, prefix: str = "") -> str:
         """The inner tier's location of ``prefix``."""
         return self.inner.location(prefix)
 
+    @override
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Store through the inner tier, maybe failing, tearing or cutting the write."""
         self._confine("put", key)
@@ -364,6 +369,7 @@ class FaultyTier(Tier):
         with self._lock:
             return self._rng.randrange(nbytes), 1 << self._rng.randrange(8)
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Read through the inner tier; maybe return one flipped bit."""
         self._before("get", key)
@@ -376,6 +382,7 @@ class FaultyTier(Tier):
         self._record("flip", "get", key)
         return bytes(buf)
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Read through the inner tier's zero-copy path; maybe flip one bit of ``out``."""
         self._before("read_into", key)
@@ -386,33 +393,35 @@ class FaultyTier(Tier):
             raw[flip[0]] ^= flip[1]
             self._record("flip", "read_into", key)
 
+    @override
     def head(self, key: str) -> ObjectInfo:
-        """Delegate to the inner tier."""
         self._before("head", key)
         return self.inner.head(key)
 
+    @override
     def exists(self, key: str) -> bool:
-        """Delegate to the inner tier."""
         self._before("exists", key)
         return self.inner.exists(key)
 
+    @override
     def list(self, prefix: str = "") -> Iterator[str]:
         """Delegate to the inner tier (an injected error is raised at the call)."""
         self._before("list", prefix)
         return self.inner.list(prefix)
 
     # ``builtins.list``: in the class body ``list`` names the method above.
+    @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        """Delegate to the inner tier."""
         self._before("list_dirs", prefix)
         return self.inner.list_dirs(prefix)
 
+    @override
     def delete(self, key: str) -> bool:
-        """Delegate to the inner tier."""
         self._confine("delete", key)
         self._before("delete", key)
         return self.inner.delete(key)
 
+    @override
     def rename_prefix(self, src: str, dst: str) -> None:
         """Delegate to the inner tier (an injected error leaves both prefixes unchanged)."""
         self._confine("rename_prefix", src, dst)
@@ -422,29 +431,30 @@ class FaultyTier(Tier):
     # delete_prefix keeps the base implementation: one ``delete`` per key through
     # this wrapper, so a fault can stop a bulk delete part-way, as on an object store.
 
+    @override
     def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
-        """Delegate to the inner tier."""
         self._confine("annotate", key)
         self._before("annotate", key)
         return self.inner.annotate(key, tags)
 
+    @override
     def set_legal_hold(self, key: str, on: bool) -> bool:
-        """Delegate to the inner tier."""
         self._confine("set_legal_hold", key)
         self._before("set_legal_hold", key)
         return self.inner.set_legal_hold(key, on)
 
+    @override
     def annotations(self, key: str) -> dict[str, str]:
-        """Delegate to the inner tier."""
         self._before("annotations", key)
         return self.inner.annotations(key)
 
+    @override
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
-        """Delegate to the inner tier."""
         self._confine("collect_incomplete", prefix)
         self._before("collect_incomplete", prefix)
         return self.inner.collect_incomplete(prefix, older_than_seconds)
 
+    @override
     def __repr__(self) -> str:
         return f"FaultyTier({self.inner!r}, plan={self.plan.spec() or 'none'!r})"
 

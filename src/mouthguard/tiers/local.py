@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from pathlib import Path
 
+from typing_extensions import override
+
 from mouthguard.errors import (
     DurabilityError,
     InvalidKeyError,
@@ -128,10 +130,12 @@ class LocalTier(Tier):
         self.root = Path(os.path.realpath(real))
 
     @property
+    @override
     def capabilities(self) -> TierCapabilities:
         """Atomic rename and conditional put; durable as configured; persistent."""
         return self._capabilities
 
+    @override
     def location(self, prefix: str = "") -> str:
         """Return the absolute path of the directory ``root/prefix``."""
         validate_prefix(prefix)
@@ -291,6 +295,7 @@ class LocalTier(Tier):
 
     # --- the tier interface ------------------------------------------------
 
+    @override
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Store ``data`` under ``key`` via a temporary file, all-or-nothing.
 
@@ -358,6 +363,7 @@ class LocalTier(Tier):
         except OSError as exc:
             raise self._error("publish", key, exc) from exc
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Return bytes ``[start, end)`` of the object (bulk loads should use ``read_into``).
 
@@ -375,6 +381,7 @@ class LocalTier(Tier):
             os.close(fd)
         return bytes(buf)
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Fill ``out`` with the object's bytes from ``offset``.
 
@@ -418,6 +425,7 @@ class LocalTier(Tier):
                 )
             pos += got
 
+    @override
     def head(self, key: str) -> ObjectInfo:
         """Return the object's info; links and non-regular files are not objects."""
         path = self._path(key)
@@ -430,6 +438,7 @@ class LocalTier(Tier):
             raise ObjectNotFoundError(f"{key!r} on tier {self.name!r} is not an object")
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
+    @override
     def exists(self, key: str) -> bool:
         """Whether ``key`` is an object; a key through a planted link names none."""
         try:
@@ -437,6 +446,7 @@ class LocalTier(Tier):
         except LinkedPathError:
             return False
 
+    @override
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield, sorted, the keys of regular files starting with ``prefix``.
 
@@ -460,6 +470,7 @@ class LocalTier(Tier):
             walk.close()
 
     # ``builtins.list``: in the class body ``list`` names the method above.
+    @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the sorted sub-directory names under ``prefix`` that hold an object.
 
@@ -470,6 +481,7 @@ class LocalTier(Tier):
         scan = self._scan(prefix)
         return sorted(n for n, d in scan if d and self._has_objects(f"{prefix}{n}/"))
 
+    @override
     def delete(self, key: str) -> bool:
         """Delete the object ``key`` and prune directories left empty.
 
@@ -491,6 +503,7 @@ class LocalTier(Tier):
         self._prune(path.parent)
         return True
 
+    @override
     def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
         """Set the tags as ``user.mouthguard.<tag>`` xattrs; False where the filesystem can't."""
         fd, _ = self._open_object(key)  # validates the key, refuses links and non-files
@@ -500,6 +513,7 @@ class LocalTier(Tier):
         except OSError as exc:
             raise self._error("annotate", key, exc) from exc
 
+    @override
     def annotations(self, key: str) -> dict[str, str]:
         """The ``user.mouthguard.*`` xattrs of the object."""
         fd, _ = self._open_object(key)
@@ -509,6 +523,7 @@ class LocalTier(Tier):
         except OSError as exc:
             raise self._error("read the annotations of", key, exc) from exc
 
+    @override
     def rename_prefix(self, src: str, dst: str) -> None:
         """Move the directory ``root/src`` to ``root/dst`` with one ``rename``.
 
@@ -539,6 +554,7 @@ class LocalTier(Tier):
                 self._sync_dir(src_path.parent, src_p)
         self._prune(src_path.parent)
 
+    @override
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
         """Remove temporary files older than ``older_than_seconds`` left under ``prefix``.
 

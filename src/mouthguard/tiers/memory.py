@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 
+from typing_extensions import override
+
 from mouthguard.errors import ObjectExistsError, ObjectNotFoundError
 from mouthguard.tiers.base import (
     ObjectInfo,
@@ -58,15 +60,18 @@ class MemoryTier(Tier):
         self._tags: dict[str, dict[str, str]] = {}
 
     @property
+    @override
     def capabilities(self) -> TierCapabilities:
         """Atomic rename and conditional put; neither durable nor persistent."""
         return _CAPABILITIES
 
+    @override
     def location(self, prefix: str = "") -> str:
         """Return ``memory://<name>/<prefix>``."""
         validate_prefix(prefix)
         return f"memory://{self.name}/{prefix}"
 
+    @override
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Store a private copy of ``data`` under ``key``.
 
@@ -97,6 +102,7 @@ class MemoryTier(Tier):
             raise ObjectNotFoundError(f"object {key!r} not found on tier {self.name!r}")
         return entry[0]
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Return bytes ``[start, end)`` of the object.
 
@@ -111,6 +117,7 @@ class MemoryTier(Tier):
             return blob
         return blob[start:stop]
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Copy the object's bytes ``[offset, offset + out.nbytes)`` straight into ``out``.
 
@@ -124,6 +131,7 @@ class MemoryTier(Tier):
         stop = check_range(key, len(blob), offset, offset + target.nbytes)
         target[:] = memoryview(blob)[offset:stop]
 
+    @override
     def head(self, key: str) -> ObjectInfo:
         """Return the object's info or raise :class:`ObjectNotFoundError`."""
         validate_key(key)
@@ -133,6 +141,7 @@ class MemoryTier(Tier):
             raise ObjectNotFoundError(f"object {key!r} not found on tier {self.name!r}")
         return ObjectInfo(key, len(entry[0]), entry[1])
 
+    @override
     def list(self, prefix: str = "") -> Iterator[str]:
         """Return an iterator over a sorted snapshot of the keys starting with ``prefix``."""
         validate_prefix(prefix)
@@ -142,6 +151,7 @@ class MemoryTier(Tier):
         return iter(keys)
 
     # ``builtins.list``: in the class body ``list`` names the method above.
+    @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the sorted names ``n`` such that an object lives below ``prefix + n + "/"``.
 
@@ -154,6 +164,7 @@ class MemoryTier(Tier):
         names = {rest.split("/", 1)[0] for k in keys if "/" in (rest := k[len(prefix) :])}
         return sorted(names)
 
+    @override
     def delete(self, key: str) -> bool:
         """Delete ``key``; return whether it existed."""
         validate_key(key)
@@ -161,6 +172,7 @@ class MemoryTier(Tier):
             self._tags.pop(key, None)
             return self._objects.pop(key, None) is not None
 
+    @override
     def rename_prefix(self, src: str, dst: str) -> None:
         """Move every object under ``src/`` to ``dst/`` in one step under the lock.
 
@@ -182,6 +194,7 @@ class MemoryTier(Tier):
                 if k in self._tags:
                     self._tags[dst_p + k[len(src_p) :]] = self._tags.pop(k)
 
+    @override
     def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
         """Store advisory tags with the object (they move with it and die with it)."""
         validate_key(key)
@@ -191,6 +204,7 @@ class MemoryTier(Tier):
             self._tags.setdefault(key, {}).update(tags)
         return True
 
+    @override
     def annotations(self, key: str) -> dict[str, str]:
         """The advisory tags stored with ``key``."""
         validate_key(key)

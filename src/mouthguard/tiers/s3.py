@@ -48,6 +48,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import obstore
+from typing_extensions import override
 
 from mouthguard.errors import ObjectExistsError, TierError
 from mouthguard.tiers.base import (
@@ -187,15 +188,18 @@ class S3Tier(Tier):
         )
 
     @property
+    @override
     def capabilities(self) -> TierCapabilities:
         """No atomic rename; atomic create and object lock as probed; durable."""
         return self._capabilities
 
+    @override
     def location(self, prefix: str = "") -> str:
         """Return ``s3://bucket/<tier prefix><prefix>``."""
         validate_prefix(prefix)
         return f"s3://{self.bucket}/{self.prefix}{prefix}"
 
+    @override
     def __repr__(self) -> str:
         return (
             f"S3Tier(name={self.name!r}, location={self.location()!r}, endpoint={self.endpoint!r})"
@@ -203,6 +207,7 @@ class S3Tier(Tier):
 
     # --- the data plane --------------------------------------------------------------
 
+    @override
     def put(
         self,
         key: str,
@@ -314,6 +319,7 @@ class S3Tier(Tier):
         check_range(key, result.meta["size"], start, end)
         return result
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Return bytes ``[start, end)`` of the object (one ranged GET).
 
@@ -330,6 +336,7 @@ class S3Tier(Tier):
         except OBSTORE_ERRORS as exc:
             raise self._control.store_error("read", key, exc) from exc
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Stream the object's bytes from ``offset`` straight into ``out``, in 4 MiB pieces.
 
@@ -357,6 +364,7 @@ class S3Tier(Tier):
                 f"short read of {key!r} in {self.location()}: got {pos} of {target.nbytes} bytes"
             )
 
+    @override
     def head(self, key: str) -> ObjectInfo:
         """Return the object's size and last-modified time, or raise ObjectNotFoundError."""
         validate_key(key)
@@ -366,6 +374,7 @@ class S3Tier(Tier):
             raise self._control.store_error("head", key, exc) from exc
         return ObjectInfo(key, meta["size"], meta["last_modified"].timestamp())
 
+    @override
     def list(self, prefix: str = "") -> Iterator[str]:
         """Return an iterator over the sorted keys starting with ``prefix`` (a snapshot).
 
@@ -374,6 +383,7 @@ class S3Tier(Tier):
         validate_prefix(prefix)
         return iter(sorted(key for key in self._control.list_keys(prefix) if is_valid_key(key)))
 
+    @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the sorted names ``n`` such that an object lives below ``prefix + n + "/"``.
 
@@ -384,6 +394,7 @@ class S3Tier(Tier):
         names = (common.removesuffix("/") for common in self._control.common_prefixes(prefix))
         return sorted(name for name in names if is_valid_segment(name))
 
+    @override
     def delete(self, key: str) -> bool:
         """Delete ``key``; return whether it existed.
 
@@ -398,6 +409,7 @@ class S3Tier(Tier):
             self._control.client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
         return True
 
+    @override
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
         """Abort multipart uploads under ``prefix`` started more than ``older_than_seconds`` ago.
 
@@ -419,6 +431,7 @@ class S3Tier(Tier):
         """The object's S3 tag set."""
         return self._control.get_tags(validate_key(key))
 
+    @override
     def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
         """Merge ``tags`` into the object's S3 tags as ``mouthguard-<tag>``; return True."""
         current = self.get_tags(key)
@@ -426,11 +439,13 @@ class S3Tier(Tier):
         self.set_tags(key, current)
         return True
 
+    @override
     def annotations(self, key: str) -> dict[str, str]:
         """The object's ``mouthguard-<tag>`` S3 tags, without the prefix."""
         tags = self.get_tags(key)
         return {k[len(TAG_PREFIX) :]: v for k, v in tags.items() if k.startswith(TAG_PREFIX)}
 
+    @override
     def set_legal_hold(self, key: str, on: bool) -> bool:
         """Place (``on``) or lift the Object Lock legal hold on the object's latest version.
 

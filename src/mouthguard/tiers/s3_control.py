@@ -32,6 +32,7 @@ import obstore.exceptions
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from obstore.store import S3Store
+from typing_extensions import override
 
 from mouthguard.errors import InvalidKeyError, ObjectExistsError, ObjectNotFoundError, TierError
 from mouthguard.tiers.object_keys import validate_key
@@ -93,6 +94,7 @@ class Credentials:
                 text = text.replace(secret, "***")
         return text
 
+    @override
     def __repr__(self) -> str:
         return "Credentials(***)"
 
