@@ -1,9 +1,17 @@
 """An S3 tier: objects in a bucket, under an optional prefix, through obstore.
 
 Key ``a/b`` of ``S3Tier("s3://bucket/runs")`` is the S3 object ``runs/a/b``.
-obstore (Rust, ``object_store``) carries the bytes; the control plane in
-:mod:`mouthguard.tiers.s3_control` (botocore) does what obstore cannot, and
-:mod:`mouthguard.tiers.s3_probe` measures what the server really does.
+obstore (Rust, ``object_store``) carries the bytes. The rest is in modules
+with one job each:
+
+* :mod:`~mouthguard.tiers.s3_connect`: settings, credentials, both planes' clients.
+* :mod:`~mouthguard.tiers.s3_control`: the control plane (botocore) for what
+  obstore cannot do: listing, tags, legal holds, abandoned uploads.
+* :mod:`~mouthguard.tiers.s3_errors`: both libraries' failures as our TierErrors.
+* :mod:`~mouthguard.tiers.s3_probe`: what the server really does, measured at open.
+* :mod:`~mouthguard.tiers.s3_create`: how CREATE stays create-only (the guards,
+  the oldest-version arbitration and its residual risks, retries after a lost reply).
+* :mod:`~mouthguard.tiers.s3_versions`: object versions in the server's order.
 
 How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
 
@@ -20,7 +28,7 @@ How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
   A single buffer is passed through uncopied (``put`` returns only after the
   upload, so the caller cannot change it meanwhile).
 * **Create-only put** is guarded as the open-time probe found possible
-  (:class:`~mouthguard.tiers.s3_probe.CreateGuard`; its module has the protocol
+  (:class:`~mouthguard.tiers.s3_create.CreateGuard`; its module has the protocol
   and its residual risks): ``If-None-Match: *`` on a single PUT where the server
   enforces it; on versioned buckets that ignore it (Ceph RGW), a PUT of any size,
   then the oldest version wins and losers remove theirs; elsewhere a racy
@@ -68,15 +76,12 @@ from mouthguard.tiers.object_keys import (
     validate_prefix,
 )
 from mouthguard.tiers.ranges import check_range
-from mouthguard.tiers.s3_control import OBSTORE_ERRORS, check_tags, connect
-from mouthguard.tiers.s3_create import create_with_retries
-from mouthguard.tiers.s3_probe import (
-    CreateGuard,
-    S3Probe,
-    probe_bucket,
-    settle_versioned_create,
-    version_history,
-)
+from mouthguard.tiers.s3_connect import connect
+from mouthguard.tiers.s3_control import check_tags
+from mouthguard.tiers.s3_create import CreateGuard, create_with_retries, settle_versioned_create
+from mouthguard.tiers.s3_errors import OBSTORE_ERRORS
+from mouthguard.tiers.s3_probe import S3Probe, probe_bucket
+from mouthguard.tiers.s3_versions import version_history
 
 if TYPE_CHECKING:
     from obstore import GetOptions, GetResult, PutResult
