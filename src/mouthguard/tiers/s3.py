@@ -12,6 +12,7 @@ with one job each:
 * :mod:`~mouthguard.tiers.s3_create`: how CREATE stays create-only (the guards,
   the oldest-version arbitration and its residual risks, retries after a lost reply).
 * :mod:`~mouthguard.tiers.s3_versions`: object versions in the server's order.
+* :mod:`~mouthguard.tiers.s3_parts`: a caller's stream regrouped into upload parts.
 
 How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
 
@@ -24,9 +25,10 @@ How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
   aborts.
 * **Streams are copied once.** obstore keeps references to the buffers it was
   given until their part is sent, while a streaming caller may refill one buffer
-  for every chunk; each chunk is therefore copied into a private part buffer.
-  A single buffer is passed through uncopied (``put`` returns only after the
-  upload, so the caller cannot change it meanwhile).
+  for every chunk; each chunk is therefore copied into a private part buffer
+  (:mod:`~mouthguard.tiers.s3_parts`). A single buffer is passed through
+  uncopied (``put`` returns only after the upload, so the caller cannot change
+  it meanwhile).
 * **Create-only put** is guarded as the open-time probe found possible
   (:class:`~mouthguard.tiers.s3_create.CreateGuard`; its module has the protocol
   and its residual risks): ``If-None-Match: *`` on a single PUT where the server
@@ -52,7 +54,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import obstore
@@ -66,7 +68,6 @@ from mouthguard.tiers.base import (
     PutMode,
     Tier,
     TierCapabilities,
-    iter_buffers,
 )
 from mouthguard.tiers.object_keys import (
     is_valid_key,
@@ -80,6 +81,7 @@ from mouthguard.tiers.s3_connect import connect
 from mouthguard.tiers.s3_control import check_tags
 from mouthguard.tiers.s3_create import CreateGuard, create_with_retries, settle_versioned_create
 from mouthguard.tiers.s3_errors import OBSTORE_ERRORS
+from mouthguard.tiers.s3_parts import PartStream
 from mouthguard.tiers.s3_probe import S3Probe, probe_bucket
 from mouthguard.tiers.s3_versions import version_history
 
@@ -474,52 +476,3 @@ class S3Tier(Tier):
         """Version ids of ``key``, newest first in the server's order ("null" if unversioned)."""
         history = version_history(self._control, validate_key(key))
         return [entry.version_id for entry in history if not entry.delete_marker]
-
-
-class PartStream:
-    """Regroups a caller's stream of buffers into private copies of ``part_size`` bytes.
-
-    Attributes:
-        size: bytes taken from the caller's stream so far.
-        error: what the caller's stream raised, if it did (``put`` re-raises it).
-    """
-
-    def __init__(self, data: Iterable[BytesLike], part_size: int) -> None:
-        self._chunks = iter_buffers(data)
-        self._part_size = part_size
-        # The rest of a chunk that straddles a part boundary. The caller's generator
-        # stays suspended until it is used up, so its buffer cannot change meanwhile.
-        self._pending: memoryview | None = None
-        self.size = 0
-        self.error: BaseException | None = None
-
-    def _next_part(self) -> bytearray | None:
-        part = bytearray()
-        while len(part) < self._part_size:
-            view, self._pending = self._pending, None
-            if view is None:
-                try:
-                    view = next(self._chunks)
-                except StopIteration:
-                    break
-                except BaseException as exc:
-                    self.error = exc
-                    raise
-            take = min(view.nbytes, self._part_size - len(part))
-            part += view[:take]
-            if take < view.nbytes:
-                self._pending = view[take:]
-        self.size += len(part)
-        return part if part else None
-
-    def first_parts(self) -> builtins.list[bytearray]:
-        """The first part, plus the second if there is one (then the upload is multipart)."""
-        first = self._next_part() or bytearray()
-        second = self._next_part() if len(first) == self._part_size else None
-        return [first] if second is None else [first, second]
-
-    def all_parts(self, first: builtins.list[bytearray]) -> Iterator[bytearray]:
-        """Yield ``first``, then the remaining parts of the stream."""
-        yield from first
-        while (part := self._next_part()) is not None:
-            yield part
