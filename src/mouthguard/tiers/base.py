@@ -6,8 +6,8 @@ plus ``rename_prefix`` where the tier declares ``atomic_rename``. What a tier
 can do is declared as data in :class:`TierCapabilities`, never guessed from its
 class, so the commit protocol can pick the safe path for each tier.
 
-Contracts every implementation keeps (checked by the conformance suite in
-``tests/tiers``):
+Contracts every implementation keeps (checked by the conformance suite,
+:mod:`mouthguard.testing.conformance`):
 
 * Keys are validated with :func:`mouthguard.tiers.object_keys.validate_key` before any
   I/O: nothing is ever read or written outside the tier's root.
