@@ -33,6 +33,10 @@ in :attr:`FaultyTier.events`. With ``confine_to`` set, a write (put, delete,
 rename, annotation, hold) to a key outside that prefix is refused and recorded in
 :attr:`FaultyTier.outside`, so a chaos run against a real store can never touch
 anything but its own scratch run.
+
+These names are also the fault-injection half of the testing kit,
+:mod:`mouthguard.testing`; they live here, in the tiers, because the ``chaos``
+job and command use them and tiers import nothing above them.
 """
 
 from __future__ import annotations
