@@ -39,9 +39,9 @@ from mouthguard.format.manifest import parse_manifest
 from mouthguard.format.rank_file import parse_header, read_header_length
 from mouthguard.format.sealed import unseal
 from mouthguard.format.state_tree import tensor_references, unflatten_state
-from mouthguard.tiers.keys import validate_key, validate_prefix, validate_segment
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
+from mouthguard.tiers.object_keys import validate_key, validate_prefix, validate_segment
 from reliability import fuzz_mutate as mut
 from reliability.fuzz_oracle import compare, independent_tensors
 from reliability.fuzz_seeds import Seed, Seeds

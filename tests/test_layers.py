@@ -30,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "dcp": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "dcp"},
     # The economics (sizing, intervals, the simulator): pure arithmetic and plots.
     "plan": {"errors", "plan"},
+    "testing": {"errors", "tiers", "testing"},  # the kit for tier authors: above tiers only
     "demo": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "chaos"},

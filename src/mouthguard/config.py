@@ -45,7 +45,7 @@ from pathlib import Path
 
 from mouthguard.errors import ConfigError, InvalidKeyError
 from mouthguard.policy.config import PolicyConfig
-from mouthguard.tiers.keys import validate_segment
+from mouthguard.tiers.object_keys import validate_segment
 
 TIER_KINDS = ("memory", "local", "s3")
 _COMMON_KEYS = {"name", "kind", "domain", "encryption_key_env"}

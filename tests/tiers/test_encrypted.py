@@ -22,6 +22,7 @@ from mouthguard.errors import (
     is_data_damage,
 )
 from mouthguard.jobs.replicator import Replicator
+from mouthguard.testing.conformance import MiB, TierConformance, payload
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.encrypted import (
     CHUNK_BYTES,
@@ -33,8 +34,6 @@ from mouthguard.tiers.encrypted import (
 )
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
-
-from .conformance import MiB, TierConformance, payload
 
 KEY = bytes(range(32))
 OTHER = bytes(range(1, 33))

@@ -18,6 +18,7 @@ from mouthguard.errors import (
     TierError,
 )
 from mouthguard.jobs.replicator import Replicator
+from mouthguard.testing.conformance import TierConformance, payload
 from mouthguard.tiers.base import PutMode, StableChunks, Tier
 from mouthguard.tiers.faults import (
     ConfinementError,
@@ -32,8 +33,6 @@ from mouthguard.tiers.faults import (
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
 from tests.fake_clock import FakeClock
-
-from .conformance import TierConformance, payload
 
 
 class TestFaultyMemoryTier(TierConformance):

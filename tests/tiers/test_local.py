@@ -18,10 +18,9 @@ from mouthguard.errors import (
     ObjectNotFoundError,
     TierError,
 )
+from mouthguard.testing.conformance import INVALID_KEYS, TierConformance
 from mouthguard.tiers.base import PutMode, Tier
 from mouthguard.tiers.local import TMP_PREFIX, LocalTier
-
-from .conformance import INVALID_KEYS, TierConformance
 
 
 class TestLocalTier(TierConformance):

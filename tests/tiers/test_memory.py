@@ -6,10 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
+from mouthguard.testing.conformance import TierConformance
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.memory import MemoryTier
-
-from .conformance import TierConformance
 
 
 class TestMemoryTier(TierConformance):

@@ -17,13 +17,13 @@ import pytest
 from botocore.exceptions import ClientError
 
 from mouthguard.errors import ObjectExistsError, ObjectNotFoundError, TierError
-from mouthguard.tiers import s3_probe
+from mouthguard.testing.conformance import MiB, TierConformance, payload
+from mouthguard.tiers import s3_create
 from mouthguard.tiers.base import PutMode, Tier
 from mouthguard.tiers.s3 import CreateGuard, S3Tier
-from mouthguard.tiers.s3_probe import VersionEntry, _merge_page, rivals, version_history
+from mouthguard.tiers.s3_create import rivals
+from mouthguard.tiers.s3_versions import VersionEntry, _merge_page, version_history
 from tests.s3.fixtures import S3Bucket, S3Server
-
-from .conformance import MiB, TierConformance, payload
 
 
 class TestS3TierPlainBucket(TierConformance):
@@ -136,14 +136,6 @@ def test_probe_suspended_versioning_is_not_arbitrable(s3_bucket: S3Bucket) -> No
     assert tier.capabilities.conditional_put == probe.conditional_put
     if not probe.conditional_put:
         assert any("NOT atomic" in note for note in probe.notes)
-
-
-def test_probe_names_stay_importable_from_their_old_module() -> None:
-    from mouthguard.tiers import s3_control  # noqa: PLC0415 - the import is the test
-
-    assert s3_control.S3Probe is s3_probe.S3Probe
-    with pytest.raises(AttributeError):
-        _ = s3_control.NoSuchName  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("mode", ["GOVERNANCE", "COMPLIANCE"])
@@ -519,7 +511,7 @@ def test_a_lost_create_that_cannot_be_deleted_is_covered(
     def refuse(*_: object, **__: object) -> None:
         raise TierError("AccessDenied (simulated retention)")
 
-    monkeypatch.setattr(s3_probe, "delete_version", refuse)
+    monkeypatch.setattr(s3_create, "delete_version", refuse)
     second.exists = lambda key: False  # type: ignore[method-assign]
     with pytest.raises(ObjectExistsError, match="covers ours"):
         second.put("k", b"second", mode=PutMode.CREATE)

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from mouthguard.testing.conformance import MiB, TierConformance, payload
 from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, iter_buffers
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
 from mouthguard.tiers.throttle import MAX_PIECE_BYTES, ThrottledTier
 from tests.fake_clock import FakeClock
-
-from .conformance import MiB, TierConformance, payload
 
 # Fast enough that the conformance suite (5 MiB at most per put) is not slowed down.
 FAST = 1e10

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from mouthguard.errors import InvalidKeyError, MouthguardError, ObjectNotFoundError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.tiers.base import ObjectInfo, Tier
-from mouthguard.tiers.keys import validate_segment
+from mouthguard.tiers.object_keys import validate_segment
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from mouthguard.format.checksum import xxh3_digest
 from mouthguard.format.sealed import seal, unseal
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.tiers.base import PutMode, Tier
-from mouthguard.tiers.keys import validate_segment
+from mouthguard.tiers.object_keys import validate_segment
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ from mouthguard.format.checksum import XXH3_128, validate_digest
 from mouthguard.format.dtypes import dtype_code, torch_dtype, validate_shape
 from mouthguard.format.manifest import Manifest, TensorRecord
 from mouthguard.format.typed_json import JsonValue
-from mouthguard.tiers.keys import validate_segment
+from mouthguard.tiers.object_keys import validate_segment
 
 FORMAT_NAME = "mouthguard.dcp"
 FORMAT_VERSION = 1

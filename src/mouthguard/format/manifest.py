@@ -42,7 +42,7 @@ from mouthguard.format.signing import SignFunction, verify
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.tiers.key_material import Keyring
-from mouthguard.tiers.keys import validate_segment
+from mouthguard.tiers.object_keys import validate_segment
 
 FORMAT_NAME = "mouthguard.checkpoint"
 FORMAT_VERSION = 1

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mouthguard.errors import FormatError, RankFileError
+from mouthguard.format import strict_json
 from mouthguard.format.dtypes import itemsize, validate_shape
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ HEADER_ALIGN = 4096
 #: Upper bound on a header we agree to parse; safetensors itself caps it at 100 MB.
 MAX_HEADER_BYTES = 100_000_000
 _METADATA_KEY = "__metadata__"
-#: Deepest JSON nesting accepted in a header (safetensors' parser refuses past 128).
+#: Deepest JSON nesting accepted in a header: serde_json (safetensors' parser) stops
+#: at 128 levels; we stop earlier, as our own headers are three levels deep.
 MAX_HEADER_DEPTH = 64
 
 
@@ -149,30 +151,23 @@ def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], 
     if len(head) < data_offset:
         raise RankFileError("rank file header is truncated")
     try:
-        text = head[8:data_offset].decode("utf-8")
-    except UnicodeDecodeError as exc:  # its own text names a codec, not the file
-        raise RankFileError(
-            f"rank file header is not valid JSON: not UTF-8 (byte {8 + exc.start} of the file)"
-        ) from None
-    try:
-        # Strict like safetensors' own parser: no NaN/Infinity tokens, no lone
-        # surrogates, so a file we accept is one every safetensors reader accepts.
-        raw = json.loads(
-            text,
-            parse_constant=_reject_constant,
-            parse_float=_finite_float,
-            parse_int=_bounded_int,
-            object_pairs_hook=_unique_keys,
+        # Strict like safetensors' own parser (no NaN/Infinity, no lone surrogates,
+        # numbers a double holds, serde_json's nesting limit or less), so that a
+        # file we accept is one every safetensors reader accepts.
+        raw = strict_json.parse(
+            head[8:data_offset],
+            max_depth=MAX_HEADER_DEPTH,
+            max_bytes=MAX_HEADER_BYTES,
+            ints_within_double=True,
+            first_byte=8,
+            source="the file",
         )
-        _reject_surrogates(raw)
-    except (UnicodeError, ValueError, RecursionError, OverflowError) as exc:
+    except strict_json.StrictJsonError as exc:
         raise RankFileError(f"rank file header is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise RankFileError("rank file header is not a JSON object")
-    metadata = raw.pop(_METADATA_KEY, {})
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
+    metadata = _string_map(raw.pop(_METADATA_KEY, {}))
+    if metadata is None:
         raise RankFileError("rank file __metadata__ must map strings to strings")
     entries = [_parse_entry(name, info, data_offset) for name, info in raw.items()]
     entries.sort(key=lambda e: (e.offset, e.end))
@@ -185,7 +180,15 @@ def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], 
         cursor = entry.end
     if cursor != file_size:
         raise RankFileError(f"tensor data covers {cursor} bytes but the file has {file_size}")
-    return tuple(entries), dict(metadata)
+    return tuple(entries), metadata
+
+
+def _string_map(value: strict_json.JsonValue) -> dict[str, str] | None:
+    """``value`` as a str -> str map, or None if it is not one (JSON keys are always str)."""
+    if not isinstance(value, dict):
+        return None
+    strings = {k: v for k, v in value.items() if isinstance(v, str)}
+    return strings if len(strings) == len(value) else None
 
 
 def _parse_entry(name: object, info: object, data_offset: int) -> TensorEntry:
@@ -212,52 +215,6 @@ def _parse_entry(name: object, info: object, data_offset: int) -> TensorEntry:
     if offsets[1] - offsets[0] != length:
         raise RankFileError(f"tensor {name!r}: data_offsets span does not match dtype and shape")
     return TensorEntry(name, dtype, tuple(shape), data_offset + offsets[0], length)
-
-
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    result = dict(pairs)
-    if len(result) != len(pairs):  # json would keep the last; safetensors may refuse
-        raise ValueError("duplicate key in the header")
-    return result
-
-
-def _bounded_int(token: str) -> int:
-    value = int(token)
-    float(value)  # OverflowError past the double range, which safetensors refuses too
-    return value
-
-
-def _finite_float(token: str) -> float:
-    value = float(token)
-    if not math.isfinite(value):  # 1e400 reads as inf; safetensors refuses it
-        raise ValueError(f"number {token[:40]} is out of range")
-    return value
-
-
-def _reject_constant(token: str) -> object:
-    raise ValueError(f"non-standard JSON token {token}")
-
-
-def _reject_surrogates(value: object) -> None:
-    """Raise on what safetensors' JSON parser refuses and Python's accepts.
-
-    Lone surrogates in any string, and nesting deeper than
-    :data:`MAX_HEADER_DEPTH` (serde_json stops at 128 levels; we stop earlier,
-    as our own headers are three levels deep).
-    """
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:  # its own text names a codec, not the problem
-                raise ValueError("a string holds a lone surrogate (not valid Unicode)") from None
-        elif isinstance(item, dict | list):
-            if depth > MAX_HEADER_DEPTH:
-                raise ValueError(f"nesting deeper than {MAX_HEADER_DEPTH} levels")
-            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:

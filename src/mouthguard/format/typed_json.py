@@ -5,6 +5,7 @@ manifest as plain JSON plus a few *tagged objects* for what JSON cannot say
 (``{"$tuple": [...]}``, ``{"$bytes": "..."}``, ...). Loading never runs pickle or
 ``eval``: a manifest may be hostile, so :func:`loads_strict` and :func:`decode`
 validate everything and fail only with :class:`~mouthguard.errors.FormatError`.
+Text is parsed by :mod:`mouthguard.format.strict_json`, the one hardened parser.
 
 Depth is counted in JSON nesting levels of the *encoded* form (a tuple costs two:
 its tag object and its array), so whatever :func:`encode` accepts also passes
@@ -16,16 +17,34 @@ from __future__ import annotations
 import base64
 import json
 import math
-import re
-import reprlib
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeAlias, cast
+from typing import Any, TypeAlias, cast
 
 from mouthguard.errors import FormatError, UnsupportedStateError
+from mouthguard.format import strict_json
+from mouthguard.format.strict_json import (
+    JsonValue,
+    is_valid_text,
+    json_problem,
+    short_repr,
+    type_name,
+)
 
-JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
+__all__ = [
+    "MAX_DEPTH",
+    "RESERVED_TAGS",
+    "DecodeHook",
+    "EncodeHook",
+    "JsonValue",
+    "decode",
+    "dumps_strict",
+    "encode",
+    "format_key_path",
+    "loads_strict",
+]
+
 EncodeHook: TypeAlias = Callable[[object, str], JsonValue | None]
 DecodeHook: TypeAlias = Callable[[dict[str, JsonValue], str], object]
 
@@ -44,11 +63,8 @@ _SUPPORTED = (
     "tensors, None, bool, int, float, str, bytes, list, tuple, dict with str or int keys, "
     "numpy scalars"
 )
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _SIZE_LIMIT = 2**63  # torch.Size dimensions are int64
-_short = reprlib.Repr()  # error messages stay short even on hostile input
-_short.maxstring = _short.maxother = 60
-_repr = _short.repr
+_repr = short_repr  # error messages stay short even on hostile input
 
 
 def format_key_path(parts: Sequence[str | int], root: str = "state") -> str:
@@ -80,16 +96,6 @@ def _torch_size(obj: object) -> bool:
     return torch is not None and type(obj) is torch.Size
 
 
-def _type_name(obj: object) -> str:
-    module, name = type(obj).__module__, type(obj).__qualname__
-    return name if module == "builtins" else f"{module}.{name}"
-
-
-def _text_ok(text: str) -> bool:
-    # A lone surrogate is a valid Python str but cannot be written as UTF-8.
-    return _SURROGATE.search(text) is None
-
-
 def _int_ok(value: int) -> bool:
     # CPython refuses decimal conversion of ints longer than sys.get_int_max_str_digits()
     # (4300 digits by default, never below 640); 2**2000 has only 603 digits.
@@ -100,43 +106,6 @@ def _int_ok(value: int) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _leaf_problem(item: object) -> str | None:
-    if type(item) is str:
-        return None if _text_ok(item) else f"string {_repr(item)} contains a lone surrogate"
-    if type(item) is float:
-        return None if math.isfinite(item) else f"non-finite number {item!r}"
-    if item is None or type(item) is bool or type(item) is int:
-        return None
-    return f"{_type_name(item)} is not a JSON type"
-
-
-def _json_problem(value: object, limit: int) -> str | None:
-    """Return why ``value`` is not strict JSON nested at most ``limit`` deep, or None.
-
-    Iterative, so hostile depth cannot exhaust the interpreter stack.
-    """
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if type(item) is list:
-            if depth >= limit:
-                return f"nested deeper than {limit} levels"
-            stack.extend((child, depth + 1) for child in item)
-        elif type(item) is dict:
-            if depth >= limit:
-                return f"nested deeper than {limit} levels"
-            for key, child in item.items():
-                problem = _leaf_problem(key) if type(key) is str else "object key is not a string"
-                if problem is not None:
-                    return problem
-                stack.append((child, depth + 1))
-        else:
-            problem = _leaf_problem(item)
-            if problem is not None:
-                return problem
-    return None
 
 
 class _Encoder:
@@ -154,12 +123,12 @@ class _Encoder:
             raise self.error(f": nested deeper than {MAX_DEPTH} levels")
 
     def key(self, key: object) -> str | int:
-        if type(key) is str and _text_ok(key):
+        if type(key) is str and is_valid_text(key):
             return key
         if type(key) is int and _int_ok(key):
             return key
         raise self.error(
-            f": dict key {_repr(key)} of type {_type_name(key)} cannot be stored; "
+            f": dict key {_repr(key)} of type {type_name(key)} cannot be stored; "
             "keys must be str (valid Unicode) or int (not bool)"
         )
 
@@ -167,7 +136,7 @@ class _Encoder:
         if obj is None or type(obj) is bool:
             return obj
         if type(obj) is str:
-            if not _text_ok(obj):
+            if not is_valid_text(obj):
                 raise self.error(": str contains a lone surrogate (not valid Unicode)")
             return obj
         if type(obj) is int:
@@ -208,7 +177,7 @@ class _Encoder:
             tagged = self.hook(obj, format_key_path(self.parts, self.root))
             if tagged is not None:
                 return self.check_hook_result(tagged, depth)
-        raise self.error(f" (type {_type_name(obj)}) without pickle; supported: {_SUPPORTED}")
+        raise self.error(f" (type {type_name(obj)}) without pickle; supported: {_SUPPORTED}")
 
     def container(
         self, obj: list[object] | tuple[object, ...] | dict[object, object], depth: int
@@ -249,7 +218,7 @@ class _Encoder:
                 f"encode hook returned {_repr(tagged)} for {path}; expected a dict with exactly "
                 f"one '$' key that is not a builtin tag ({', '.join(sorted(RESERVED_TAGS))})"
             )
-        problem = _json_problem(tagged, MAX_DEPTH - depth)
+        problem = json_problem(tagged, MAX_DEPTH - depth)
         if problem is not None:
             raise TypeError(f"encode hook returned invalid JSON for {path}: {problem}")
         return tagged
@@ -315,7 +284,7 @@ class _Decoder:
         if type(data) is dict:
             self.need(depth, 1)
             return self.obj(data, depth)
-        raise self.error(f"{_type_name(data)} is not a JSON value")
+        raise self.error(f"{type_name(data)} is not a JSON value")
 
     def items(self, data: list[object], depth: int) -> list[object]:
         out: list[object] = []
@@ -356,7 +325,7 @@ class _Decoder:
         if tag == "$numpy":
             return self.numpy(payload, data["value"], depth)
         if type(payload) is not list:
-            raise self.error(f"{tag} payload must be a list, not {_type_name(payload)}")
+            raise self.error(f"{tag} payload must be a list, not {type_name(payload)}")
         self.need(depth, 2)
         if tag == "$tuple":
             return tuple(self.items(payload, depth + 2))
@@ -397,7 +366,7 @@ class _Decoder:
             self.need(depth, 3)
             key, value = entry
             if type(key) is not str and type(key) is not int:
-                raise self.error(f"$dict entry {index} has a key of type {_type_name(key)}")
+                raise self.error(f"$dict entry {index} has a key of type {type_name(key)}")
             if key in out:
                 raise self.error(f"$dict has duplicate key {_repr(key)}")
             self.parts.append(key)
@@ -473,30 +442,8 @@ def dumps_strict(value: JsonValue, *, indent: int | None = None) -> str:
     return json.dumps(value, allow_nan=False, ensure_ascii=False, indent=indent)
 
 
-def _reject_constant(name: str) -> NoReturn:
-    raise FormatError(f"invalid JSON: {name} is not allowed")
-
-
-def _parse_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # e.g. 1e400, which json would silently read as inf
-        raise FormatError(f"invalid JSON: number {_repr(text)} is out of range")
-    return value
-
-
-def _unique_pairs(pairs: list[tuple[str, JsonValue]]) -> dict[str, JsonValue]:
-    result = dict(pairs)
-    if len(result) != len(pairs):  # json itself would silently keep the last value
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise FormatError(f"invalid JSON: duplicate object key {_repr(key)}")
-            seen.add(key)
-    return result
-
-
 def loads_strict(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> JsonValue:
-    """Parse JSON text strictly; hostile input only ever raises FormatError.
+    """Parse JSON text strictly (:func:`mouthguard.format.strict_json.parse`).
 
     Args:
         text: JSON text, or its UTF-8 bytes (no BOM).
@@ -507,25 +454,10 @@ def loads_strict(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> JsonValue:
 
     Raises:
         FormatError: Invalid UTF-8 or JSON, duplicate keys, NaN/Infinity literals,
-            out-of-range numbers, lone surrogate escapes or nesting beyond ``max_depth``.
+            out-of-range numbers, lone surrogate escapes or nesting beyond ``max_depth``;
+            the message starts with ``invalid JSON: ``.
     """
-    if not isinstance(text, str):
-        try:
-            text = str(text, "utf-8")
-        except UnicodeDecodeError as exc:
-            raise FormatError(f"invalid JSON: not UTF-8 (byte offset {exc.start})") from None
     try:
-        value: JsonValue = json.loads(
-            text,
-            object_pairs_hook=_unique_pairs,
-            parse_constant=_reject_constant,
-            parse_float=_parse_float,
-        )
-    except ValueError as exc:  # JSONDecodeError, or an int beyond sys.get_int_max_str_digits()
+        return strict_json.parse(text, max_depth=max_depth)
+    except strict_json.StrictJsonError as exc:
         raise FormatError(f"invalid JSON: {exc}") from None
-    except RecursionError:  # the C parser recurses; its limit is far above max_depth
-        raise FormatError(f"invalid JSON: nested deeper than {max_depth} levels") from None
-    problem = _json_problem(value, max_depth)
-    if problem is not None:
-        raise FormatError(f"invalid JSON: {problem}")
-    return value

@@ -1,4 +1,10 @@
-"""Tiers: one narrow storage interface over RAM, POSIX directories and object stores."""
+"""Tiers: one narrow storage interface over RAM, POSIX directories and object stores.
+
+Exported here: the interface (:class:`Tier` and its data types) and the argument
+checks every tier applies, so that a tier written elsewhere rejects the same
+keys and ranges with the same errors as mouthguard's own. Its conformance suite
+is :mod:`mouthguard.testing.conformance`.
+"""
 
 from mouthguard.tiers.base import (
     BytesLike,
@@ -9,7 +15,13 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
-from mouthguard.tiers.keys import join_key, validate_key
+from mouthguard.tiers.object_keys import (
+    join_key,
+    validate_dir_prefix,
+    validate_key,
+    validate_prefix,
+)
+from mouthguard.tiers.ranges import check_range
 
 __all__ = [
     "BytesLike",
@@ -18,7 +30,10 @@ __all__ = [
     "PutMode",
     "Tier",
     "TierCapabilities",
+    "check_range",
     "iter_buffers",
     "join_key",
+    "validate_dir_prefix",
     "validate_key",
+    "validate_prefix",
 ]

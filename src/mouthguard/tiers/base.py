@@ -6,10 +6,10 @@ plus ``rename_prefix`` where the tier declares ``atomic_rename``. What a tier
 can do is declared as data in :class:`TierCapabilities`, never guessed from its
 class, so the commit protocol can pick the safe path for each tier.
 
-Contracts every implementation keeps (checked by the conformance suite in
-``tests/tiers``):
+Contracts every implementation keeps (checked by the conformance suite,
+:mod:`mouthguard.testing.conformance`):
 
-* Keys are validated with :func:`mouthguard.tiers.keys.validate_key` before any
+* Keys are validated with :func:`mouthguard.tiers.object_keys.validate_key` before any
   I/O: nothing is ever read or written outside the tier's root.
 * ``put`` is all-or-nothing: a reader sees either the previous object (or none)
   or the complete new one, never a prefix of it. On a durable tier the object
@@ -32,6 +32,8 @@ import builtins
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+
+from typing_extensions import override
 
 from mouthguard.errors import ObjectNotFoundError, UnsupportedOperationError
 
@@ -204,6 +206,7 @@ class Tier(abc.ABC):
                 count += 1
         return count
 
+    @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, location={self.location()!r})"
 

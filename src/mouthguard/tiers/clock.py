@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Protocol
 
+from typing_extensions import override
+
 
 class Clock(Protocol):
     """Monotonic time, sleeping, and timed waits on a condition."""
@@ -56,6 +58,7 @@ class SystemClock:
         """``cond.wait(timeout)``."""
         cond.wait(timeout)
 
+    @override
     def __repr__(self) -> str:
         return "SYSTEM_CLOCK"
 

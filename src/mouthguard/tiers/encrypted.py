@@ -64,11 +64,12 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from typing_extensions import override
 
 from mouthguard.errors import AuthenticationError, ConfigError, EncryptionKeyError, TierError
 from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, TierCapabilities, iter_buffers
 from mouthguard.tiers.key_material import parse_keyring, validate_key_id
-from mouthguard.tiers.keys import validate_key
+from mouthguard.tiers.object_keys import validate_key
 from mouthguard.tiers.wrapper import WrappedTier
 
 MAGIC = b"MGCRYPT"
@@ -148,10 +149,12 @@ class EncryptedTier(WrappedTier):
     # --- what the wrapper changes ------------------------------------------------
 
     @property
+    @override
     def capabilities(self) -> TierCapabilities:
         """The inner tier's, without rename: the object name is bound into its ciphertext."""
         return dataclasses.replace(self.inner.capabilities, atomic_rename=False)
 
+    @override
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Encrypt ``data`` chunk by chunk while streaming it to the inner tier."""
         validate_key(key)
@@ -191,6 +194,7 @@ class EncryptedTier(WrappedTier):
             pending += view[pos:]
         yield cipher.seal_into(index, pending, sealed[: len(pending) + TAG_BYTES], last=True)
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of the plaintext; only the chunks they touch are read."""
         validate_key(key)
@@ -202,6 +206,7 @@ class EncryptedTier(WrappedTier):
         self._read_retrying(key, start, memoryview(out), info.size)
         return bytes(out)
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Fill ``out`` with plaintext from ``offset``, decrypting straight into it."""
         validate_key(key)
@@ -211,6 +216,7 @@ class EncryptedTier(WrappedTier):
         self._check_range(key, offset, offset + view.nbytes, plain)
         self._read_retrying(key, offset, view, info.size)
 
+    @override
     def head(self, key: str) -> ObjectInfo:
         """The plaintext size, computed from the stored size (nothing is read).
 
@@ -328,10 +334,12 @@ class EncryptedTier(WrappedTier):
 
     # --- everything else is forwarded unchanged (WrappedTier), except renames -------
 
+    @override
     def rename_prefix(self, src: str, dst: str) -> None:
         """Refused: every chunk is bound to its object's name, so nothing can move."""
         Tier.rename_prefix(self, src, dst)
 
+    @override
     def __repr__(self) -> str:
         return f"EncryptedTier({self.inner!r}, key_id={self.key_id!r})"
 

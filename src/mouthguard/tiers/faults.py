@@ -33,6 +33,10 @@ in :attr:`FaultyTier.events`. With ``confine_to`` set, a write (put, delete,
 rename, annotation, hold) to a key outside that prefix is refused and recorded in
 :attr:`FaultyTier.outside`, so a chaos run against a real store can never touch
 anything but its own scratch run.
+
+These names are also the fault-injection half of the testing kit,
+:mod:`mouthguard.testing`; they live here, in the tiers, because the ``chaos``
+job and command use them and tiers import nothing above them.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from typing_extensions import override
+
 from mouthguard.errors import DurabilityError, TierError
 from mouthguard.tiers.base import (
     ObjectInfo,
@@ -53,10 +59,10 @@ from mouthguard.tiers.base import (
     PutMode,
     StableChunks,
     Tier,
-    TierCapabilities,
     iter_buffers,
 )
 from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
+from mouthguard.tiers.wrapper import WrappedTier
 
 #: Fault kinds with a rate, in the order the spec string lists them.
 KINDS = ("error", "enospc", "torn", "short", "flip", "fsync", "delay")
@@ -216,11 +222,13 @@ class FaultEvent:
     key: str
 
 
-class FaultyTier(Tier):
+class FaultyTier(WrappedTier):
     """Wraps ``inner`` and injects the faults of ``plan`` (see the module docstring).
 
-    The wrapper has the inner tier's name, domain, capabilities and locations.
-    Safe to share between threads (one lock guards the generator and counters).
+    The wrapper has the inner tier's name, domain, capabilities and locations
+    (faults change behaviour, not declarations): :class:`WrappedTier` forwards
+    those, and this class overrides only the operations a fault can hit. Safe to
+    share between threads (one lock guards the generator and counters).
 
     Args:
         inner: the tier that stores the bytes.
@@ -247,8 +255,7 @@ class FaultyTier(Tier):
         confine_to: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__(inner.name, inner.domain)
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan
         self.clock = clock
         self.confine_to = confine_to
@@ -296,17 +303,9 @@ class FaultyTier(Tier):
                     f"{op} {key!r} on tier {self.name!r} refused: outside {self.confine_to!r}"
                 )
 
-    # --- the tier interface --------------------------------------------------
+    # --- writes: every fault kind can hit a put --------------------------------
 
-    @property
-    def capabilities(self) -> TierCapabilities:
-        """The inner tier's capabilities: faults change behaviour, not declarations."""
-        return self.inner.capabilities
-
-    def location(self, prefix: str = "") -> str:
-        """The inner tier's location of ``prefix``."""
-        return self.inner.location(prefix)
-
+    @override
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Store through the inner tier, maybe failing, tearing or cutting the write."""
         self._confine("put", key)
@@ -357,6 +356,8 @@ class FaultyTier(Tier):
         # Acknowledged with the size the caller sent: the storage does not know.
         return dataclasses.replace(info, size=len(whole))
 
+    # --- reads: errors, delays and flipped bits ----------------------------------
+
     def _flip_at(self, op: str, key: str, nbytes: int) -> tuple[int, int] | None:
         """Where to flip a bit of a read of ``nbytes`` (byte index, bit mask), if at all."""
         if not nbytes or not self._hit(self.plan.flip, op, key):
@@ -364,6 +365,7 @@ class FaultyTier(Tier):
         with self._lock:
             return self._rng.randrange(nbytes), 1 << self._rng.randrange(8)
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Read through the inner tier; maybe return one flipped bit."""
         self._before("get", key)
@@ -376,6 +378,7 @@ class FaultyTier(Tier):
         self._record("flip", "get", key)
         return bytes(buf)
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Read through the inner tier's zero-copy path; maybe flip one bit of ``out``."""
         self._before("read_into", key)
@@ -386,65 +389,74 @@ class FaultyTier(Tier):
             raw[flip[0]] ^= flip[1]
             self._record("flip", "read_into", key)
 
+    # --- every other operation: an error or a delay first, then forwarded --------
+    # (writes among them are confined first: a refused write never reaches the dice)
+
+    @override
     def head(self, key: str) -> ObjectInfo:
-        """Delegate to the inner tier."""
         self._before("head", key)
-        return self.inner.head(key)
+        return super().head(key)
 
+    @override
     def exists(self, key: str) -> bool:
-        """Delegate to the inner tier."""
         self._before("exists", key)
-        return self.inner.exists(key)
+        return super().exists(key)
 
+    @override
     def list(self, prefix: str = "") -> Iterator[str]:
-        """Delegate to the inner tier (an injected error is raised at the call)."""
+        # An injected error is raised at the call, not at the first item.
         self._before("list", prefix)
-        return self.inner.list(prefix)
+        return super().list(prefix)
 
     # ``builtins.list``: in the class body ``list`` names the method above.
+    @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        """Delegate to the inner tier."""
         self._before("list_dirs", prefix)
-        return self.inner.list_dirs(prefix)
+        return super().list_dirs(prefix)
 
+    @override
     def delete(self, key: str) -> bool:
-        """Delegate to the inner tier."""
         self._confine("delete", key)
         self._before("delete", key)
-        return self.inner.delete(key)
+        return super().delete(key)
 
+    @override
+    def delete_prefix(self, prefix: str) -> int:
+        # Not forwarded: one ``delete`` per key through this wrapper, so a fault can
+        # stop a bulk delete part-way, as on an object store.
+        return Tier.delete_prefix(self, prefix)
+
+    @override
     def rename_prefix(self, src: str, dst: str) -> None:
-        """Delegate to the inner tier (an injected error leaves both prefixes unchanged)."""
+        # An injected error leaves both prefixes unchanged.
         self._confine("rename_prefix", src, dst)
         self._before("rename_prefix", src)
-        self.inner.rename_prefix(src, dst)
+        super().rename_prefix(src, dst)
 
-    # delete_prefix keeps the base implementation: one ``delete`` per key through
-    # this wrapper, so a fault can stop a bulk delete part-way, as on an object store.
-
+    @override
     def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
-        """Delegate to the inner tier."""
         self._confine("annotate", key)
         self._before("annotate", key)
-        return self.inner.annotate(key, tags)
+        return super().annotate(key, tags)
 
+    @override
     def set_legal_hold(self, key: str, on: bool) -> bool:
-        """Delegate to the inner tier."""
         self._confine("set_legal_hold", key)
         self._before("set_legal_hold", key)
-        return self.inner.set_legal_hold(key, on)
+        return super().set_legal_hold(key, on)
 
+    @override
     def annotations(self, key: str) -> dict[str, str]:
-        """Delegate to the inner tier."""
         self._before("annotations", key)
-        return self.inner.annotations(key)
+        return super().annotations(key)
 
+    @override
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
-        """Delegate to the inner tier."""
         self._confine("collect_incomplete", prefix)
         self._before("collect_incomplete", prefix)
-        return self.inner.collect_incomplete(prefix, older_than_seconds)
+        return super().collect_incomplete(prefix, older_than_seconds)
 
+    @override
     def __repr__(self) -> str:
         return f"FaultyTier({self.inner!r}, plan={self.plan.spec() or 'none'!r})"
 

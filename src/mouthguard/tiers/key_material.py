@@ -27,6 +27,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from typing_extensions import override
+
 from mouthguard.errors import ConfigError
 
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,32}")
@@ -80,6 +82,7 @@ class Keyring:
         """The bytes of the current key."""
         return self.keys[self.current]
 
+    @override
     def __repr__(self) -> str:
         return f"Keyring(current={self.current!r}, ids={sorted(self.keys)!r})"
 

@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from pathlib import Path
 
+from typing_extensions import override
+
 from mouthguard.errors import (
     DurabilityError,
     InvalidKeyError,
@@ -48,8 +50,12 @@ from mouthguard.tiers.base import (
 )
 from mouthguard.tiers.direct_read import DIRECT_READ_MIN_BYTES, read_direct
 from mouthguard.tiers.direct_write import DIRECT_MIN_BYTES, WriteError, drop_cached, write_stream
-from mouthguard.tiers.keys import validate_key, validate_prefix
-from mouthguard.tiers.memory import check_range, rename_keys, validate_dir_prefix
+from mouthguard.tiers.object_keys import (
+    validate_dir_prefix,
+    validate_key,
+    validate_prefix,
+    validate_rename,
+)
 from mouthguard.tiers.posix import (
     TMP_PREFIX,
     DebrisSweep,
@@ -59,6 +65,7 @@ from mouthguard.tiers.posix import (
     set_xattrs,
     walk_keys,
 )
+from mouthguard.tiers.ranges import check_range
 
 # O_NONBLOCK: opening a FIFO planted in the root must not hang a reader; it has
 # no effect on regular files.
@@ -123,10 +130,12 @@ class LocalTier(Tier):
         self.root = Path(os.path.realpath(real))
 
     @property
+    @override
     def capabilities(self) -> TierCapabilities:
         """Atomic rename and conditional put; durable as configured; persistent."""
         return self._capabilities
 
+    @override
     def location(self, prefix: str = "") -> str:
         """Return the absolute path of the directory ``root/prefix``."""
         validate_prefix(prefix)
@@ -286,6 +295,7 @@ class LocalTier(Tier):
 
     # --- the tier interface ------------------------------------------------
 
+    @override
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Store ``data`` under ``key`` via a temporary file, all-or-nothing.
 
@@ -353,6 +363,7 @@ class LocalTier(Tier):
         except OSError as exc:
             raise self._error("publish", key, exc) from exc
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Return bytes ``[start, end)`` of the object (bulk loads should use ``read_into``).
 
@@ -370,6 +381,7 @@ class LocalTier(Tier):
             os.close(fd)
         return bytes(buf)
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Fill ``out`` with the object's bytes from ``offset``.
 
@@ -413,6 +425,7 @@ class LocalTier(Tier):
                 )
             pos += got
 
+    @override
     def head(self, key: str) -> ObjectInfo:
         """Return the object's info; links and non-regular files are not objects."""
         path = self._path(key)
@@ -425,6 +438,7 @@ class LocalTier(Tier):
             raise ObjectNotFoundError(f"{key!r} on tier {self.name!r} is not an object")
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
+    @override
     def exists(self, key: str) -> bool:
         """Whether ``key`` is an object; a key through a planted link names none."""
         try:
@@ -432,6 +446,7 @@ class LocalTier(Tier):
         except LinkedPathError:
             return False
 
+    @override
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield, sorted, the keys of regular files starting with ``prefix``.
 
@@ -455,6 +470,7 @@ class LocalTier(Tier):
             walk.close()
 
     # ``builtins.list``: in the class body ``list`` names the method above.
+    @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the sorted sub-directory names under ``prefix`` that hold an object.
 
@@ -465,6 +481,7 @@ class LocalTier(Tier):
         scan = self._scan(prefix)
         return sorted(n for n, d in scan if d and self._has_objects(f"{prefix}{n}/"))
 
+    @override
     def delete(self, key: str) -> bool:
         """Delete the object ``key`` and prune directories left empty.
 
@@ -486,6 +503,7 @@ class LocalTier(Tier):
         self._prune(path.parent)
         return True
 
+    @override
     def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
         """Set the tags as ``user.mouthguard.<tag>`` xattrs; False where the filesystem can't."""
         fd, _ = self._open_object(key)  # validates the key, refuses links and non-files
@@ -495,6 +513,7 @@ class LocalTier(Tier):
         except OSError as exc:
             raise self._error("annotate", key, exc) from exc
 
+    @override
     def annotations(self, key: str) -> dict[str, str]:
         """The ``user.mouthguard.*`` xattrs of the object."""
         fd, _ = self._open_object(key)
@@ -504,6 +523,7 @@ class LocalTier(Tier):
         except OSError as exc:
             raise self._error("read the annotations of", key, exc) from exc
 
+    @override
     def rename_prefix(self, src: str, dst: str) -> None:
         """Move the directory ``root/src`` to ``root/dst`` with one ``rename``.
 
@@ -514,7 +534,7 @@ class LocalTier(Tier):
             ObjectExistsError: ``dst`` exists and is not an empty directory.
             DurabilityError: the ``fsync`` of a parent directory failed.
         """
-        src_p, dst_p = rename_keys(src, dst)
+        src_p, dst_p = validate_rename(src, dst)
         src_path, dst_path = self._path(src_p[:-1]), self._path(dst_p[:-1])
         # _has_objects is also false for a missing src, a file, or a symbolic link.
         if not self._has_objects(src_p):
@@ -534,6 +554,7 @@ class LocalTier(Tier):
                 self._sync_dir(src_path.parent, src_p)
         self._prune(src_path.parent)
 
+    @override
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
         """Remove temporary files older than ``older_than_seconds`` left under ``prefix``.
 

@@ -6,10 +6,6 @@ with the process (or with the instance). It exists for a node-local "fast"
 tier and for tests, and it deliberately implements every rule of
 :mod:`mouthguard.tiers.base` exactly, including atomic ``rename_prefix`` and
 atomic ``PutMode.CREATE``.
-
-The module also holds the few argument checks every tier shares
-(:func:`check_range`, :func:`validate_dir_prefix`, :func:`rename_keys`), so that
-all tiers reject the same inputs with the same errors.
 """
 
 from __future__ import annotations
@@ -19,7 +15,9 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 
-from mouthguard.errors import InvalidKeyError, ObjectExistsError, ObjectNotFoundError, TierError
+from typing_extensions import override
+
+from mouthguard.errors import ObjectExistsError, ObjectNotFoundError
 from mouthguard.tiers.base import (
     ObjectInfo,
     PutData,
@@ -28,7 +26,13 @@ from mouthguard.tiers.base import (
     TierCapabilities,
     iter_buffers,
 )
-from mouthguard.tiers.keys import validate_key, validate_prefix
+from mouthguard.tiers.object_keys import (
+    validate_dir_prefix,
+    validate_key,
+    validate_prefix,
+    validate_rename,
+)
+from mouthguard.tiers.ranges import check_range
 
 _CAPABILITIES = TierCapabilities(
     atomic_rename=True,
@@ -37,66 +41,6 @@ _CAPABILITIES = TierCapabilities(
     durable=False,
     persistent=False,
 )
-
-
-def check_range(key: str, size: int, start: int, end: int | None) -> int:
-    """Validate the byte range ``[start, end)`` of an object of ``size`` bytes.
-
-    Args:
-        key: the object's key (for the error message).
-        size: the object's size in bytes.
-        start: first byte to read; must be ``>= 0``.
-        end: one past the last byte; ``None`` means ``size``. Must satisfy
-            ``start <= end <= size``.
-
-    Returns:
-        The effective ``end``.
-
-    Raises:
-        TierError: the range is negative, reversed or runs past the object's end.
-            A short read is never returned silently.
-    """
-    stop = size if end is None else end
-    if start < 0 or stop < start or stop > size:
-        raise TierError(
-            f"invalid byte range [{start}, {end}) for {key!r}: the object has {size} bytes"
-        )
-    return stop
-
-
-def validate_dir_prefix(prefix: str) -> str:
-    """Return ``prefix`` if it is a valid ``list_dirs`` prefix: empty or ending with ``/``.
-
-    Raises:
-        InvalidKeyError: the prefix is not a valid key or does not end with ``/``.
-    """
-    validate_prefix(prefix)
-    if prefix and not prefix.endswith("/"):
-        raise InvalidKeyError(f"invalid directory prefix {prefix!r}: must be empty or end with '/'")
-    return prefix
-
-
-def rename_keys(src: str, dst: str) -> tuple[str, str]:
-    """Validate the arguments of ``rename_prefix`` and return them as ``/``-ended prefixes.
-
-    Args:
-        src: the source prefix, with or without a trailing ``/``.
-        dst: the destination prefix, with or without a trailing ``/``.
-
-    Returns:
-        ``(src + "/", dst + "/")``.
-
-    Raises:
-        InvalidKeyError: either prefix is not a valid key.
-        TierError: the prefixes are equal or one contains the other; a POSIX
-            rename refuses that too, so every tier refuses it.
-    """
-    src_key = validate_key(src.removesuffix("/"))
-    dst_key = validate_key(dst.removesuffix("/"))
-    src_p, dst_p = src_key + "/", dst_key + "/"
-    if src_p.startswith(dst_p) or dst_p.startswith(src_p):
-        raise TierError(f"cannot rename {src_key!r} to {dst_key!r}: the prefixes overlap")
-    return src_p, dst_p
 
 
 class MemoryTier(Tier):
@@ -116,15 +60,18 @@ class MemoryTier(Tier):
         self._tags: dict[str, dict[str, str]] = {}
 
     @property
+    @override
     def capabilities(self) -> TierCapabilities:
         """Atomic rename and conditional put; neither durable nor persistent."""
         return _CAPABILITIES
 
+    @override
     def location(self, prefix: str = "") -> str:
         """Return ``memory://<name>/<prefix>``."""
         validate_prefix(prefix)
         return f"memory://{self.name}/{prefix}"
 
+    @override
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Store a private copy of ``data`` under ``key``.
 
@@ -155,6 +102,7 @@ class MemoryTier(Tier):
             raise ObjectNotFoundError(f"object {key!r} not found on tier {self.name!r}")
         return entry[0]
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Return bytes ``[start, end)`` of the object.
 
@@ -169,6 +117,7 @@ class MemoryTier(Tier):
             return blob
         return blob[start:stop]
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Copy the object's bytes ``[offset, offset + out.nbytes)`` straight into ``out``.
 
@@ -182,6 +131,7 @@ class MemoryTier(Tier):
         stop = check_range(key, len(blob), offset, offset + target.nbytes)
         target[:] = memoryview(blob)[offset:stop]
 
+    @override
     def head(self, key: str) -> ObjectInfo:
         """Return the object's info or raise :class:`ObjectNotFoundError`."""
         validate_key(key)
@@ -191,6 +141,7 @@ class MemoryTier(Tier):
             raise ObjectNotFoundError(f"object {key!r} not found on tier {self.name!r}")
         return ObjectInfo(key, len(entry[0]), entry[1])
 
+    @override
     def list(self, prefix: str = "") -> Iterator[str]:
         """Return an iterator over a sorted snapshot of the keys starting with ``prefix``."""
         validate_prefix(prefix)
@@ -200,6 +151,7 @@ class MemoryTier(Tier):
         return iter(keys)
 
     # ``builtins.list``: in the class body ``list`` names the method above.
+    @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the sorted names ``n`` such that an object lives below ``prefix + n + "/"``.
 
@@ -212,6 +164,7 @@ class MemoryTier(Tier):
         names = {rest.split("/", 1)[0] for k in keys if "/" in (rest := k[len(prefix) :])}
         return sorted(names)
 
+    @override
     def delete(self, key: str) -> bool:
         """Delete ``key``; return whether it existed."""
         validate_key(key)
@@ -219,6 +172,7 @@ class MemoryTier(Tier):
             self._tags.pop(key, None)
             return self._objects.pop(key, None) is not None
 
+    @override
     def rename_prefix(self, src: str, dst: str) -> None:
         """Move every object under ``src/`` to ``dst/`` in one step under the lock.
 
@@ -228,7 +182,7 @@ class MemoryTier(Tier):
             ObjectNotFoundError: nothing exists under ``src/``.
             ObjectExistsError: ``dst/`` already holds an object.
         """
-        src_p, dst_p = rename_keys(src, dst)
+        src_p, dst_p = validate_rename(src, dst)
         with self._lock:
             moving = [k for k in self._objects if k.startswith(src_p)]
             if not moving:
@@ -240,6 +194,7 @@ class MemoryTier(Tier):
                 if k in self._tags:
                     self._tags[dst_p + k[len(src_p) :]] = self._tags.pop(k)
 
+    @override
     def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
         """Store advisory tags with the object (they move with it and die with it)."""
         validate_key(key)
@@ -249,6 +204,7 @@ class MemoryTier(Tier):
             self._tags.setdefault(key, {}).update(tags)
         return True
 
+    @override
     def annotations(self, key: str) -> dict[str, str]:
         """The advisory tags stored with ``key``."""
         validate_key(key)

@@ -8,8 +8,8 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mouthguard.errors import InvalidKeyError, TierError
-from mouthguard.tiers.keys import MAX_KEY_LENGTH, validate_segment
+from mouthguard.errors import TierError
+from mouthguard.tiers.object_keys import MAX_KEY_LENGTH, is_valid_segment
 
 #: Name prefix of the local tier's temporary files: dot-named, so never an object.
 TMP_PREFIX = ".tmp-"
@@ -80,7 +80,7 @@ def scan_dir(
             return [
                 (e.name, e.is_dir(follow_symlinks=False))
                 for e in scan
-                if is_segment(e.name)
+                if is_valid_segment(e.name)
                 and (e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False))
             ]
     except (FileNotFoundError, NotADirectoryError):
@@ -146,7 +146,7 @@ class DebrisSweep:
             raise self.on_error(dir_key or "/", exc) from exc
         removed = 0
         for entry in entries:
-            if entry.is_dir(follow_symlinks=False) and is_segment(entry.name):
+            if entry.is_dir(follow_symlinks=False) and is_valid_segment(entry.name):
                 sub = f"{dir_key}{entry.name}/"
                 if sub.startswith(self.prefix) or self.prefix.startswith(sub):
                     removed += self._sweep(sub)
@@ -182,12 +182,3 @@ def _is_stale_empty(directory: Path, cutoff: float) -> bool:
         return directory.stat().st_mtime < cutoff and not any(directory.iterdir())
     except OSError:
         return False
-
-
-def is_segment(name: str) -> bool:
-    """Whether ``name`` is a valid key segment (dot-names and odd names are not)."""
-    try:
-        validate_segment(name)
-    except InvalidKeyError:
-        return False
-    return True

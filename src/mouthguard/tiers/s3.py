@@ -1,9 +1,18 @@
 """An S3 tier: objects in a bucket, under an optional prefix, through obstore.
 
 Key ``a/b`` of ``S3Tier("s3://bucket/runs")`` is the S3 object ``runs/a/b``.
-obstore (Rust, ``object_store``) carries the bytes; the control plane in
-:mod:`mouthguard.tiers.s3_control` (botocore) does what obstore cannot, and
-:mod:`mouthguard.tiers.s3_probe` measures what the server really does.
+obstore (Rust, ``object_store``) carries the bytes. The rest is in modules
+with one job each:
+
+* :mod:`~mouthguard.tiers.s3_connect`: settings, credentials, both planes' clients.
+* :mod:`~mouthguard.tiers.s3_control`: the control plane (botocore) for what
+  obstore cannot do: listing, tags, legal holds, abandoned uploads.
+* :mod:`~mouthguard.tiers.s3_errors`: both libraries' failures as our TierErrors.
+* :mod:`~mouthguard.tiers.s3_probe`: what the server really does, measured at open.
+* :mod:`~mouthguard.tiers.s3_create`: how CREATE stays create-only (the guards,
+  the oldest-version arbitration and its residual risks, retries after a lost reply).
+* :mod:`~mouthguard.tiers.s3_versions`: object versions in the server's order.
+* :mod:`~mouthguard.tiers.s3_parts`: a caller's stream regrouped into upload parts.
 
 How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
 
@@ -16,11 +25,12 @@ How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
   aborts.
 * **Streams are copied once.** obstore keeps references to the buffers it was
   given until their part is sent, while a streaming caller may refill one buffer
-  for every chunk; each chunk is therefore copied into a private part buffer.
-  A single buffer is passed through uncopied (``put`` returns only after the
-  upload, so the caller cannot change it meanwhile).
+  for every chunk; each chunk is therefore copied into a private part buffer
+  (:mod:`~mouthguard.tiers.s3_parts`). A single buffer is passed through
+  uncopied (``put`` returns only after the upload, so the caller cannot change
+  it meanwhile).
 * **Create-only put** is guarded as the open-time probe found possible
-  (:class:`~mouthguard.tiers.s3_probe.CreateGuard`; its module has the protocol
+  (:class:`~mouthguard.tiers.s3_create.CreateGuard`; its module has the protocol
   and its residual risks): ``If-None-Match: *`` on a single PUT where the server
   enforces it; on versioned buckets that ignore it (Ceph RGW), a PUT of any size,
   then the oldest version wins and losers remove theirs; elsewhere a racy
@@ -44,12 +54,13 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import obstore
+from typing_extensions import override
 
-from mouthguard.errors import InvalidKeyError, ObjectExistsError, TierError
+from mouthguard.errors import ObjectExistsError, TierError
 from mouthguard.tiers.base import (
     BytesLike,
     ObjectInfo,
@@ -57,19 +68,22 @@ from mouthguard.tiers.base import (
     PutMode,
     Tier,
     TierCapabilities,
-    iter_buffers,
 )
-from mouthguard.tiers.keys import validate_key, validate_prefix
-from mouthguard.tiers.memory import check_range, validate_dir_prefix
-from mouthguard.tiers.s3_control import OBSTORE_ERRORS, check_tags, connect
-from mouthguard.tiers.s3_create import create_with_retries
-from mouthguard.tiers.s3_probe import (
-    CreateGuard,
-    S3Probe,
-    probe_bucket,
-    settle_versioned_create,
-    version_history,
+from mouthguard.tiers.object_keys import (
+    is_valid_key,
+    is_valid_segment,
+    validate_dir_prefix,
+    validate_key,
+    validate_prefix,
 )
+from mouthguard.tiers.ranges import check_range
+from mouthguard.tiers.s3_connect import connect
+from mouthguard.tiers.s3_control import check_tags
+from mouthguard.tiers.s3_create import CreateGuard, create_with_retries, settle_versioned_create
+from mouthguard.tiers.s3_errors import OBSTORE_ERRORS
+from mouthguard.tiers.s3_parts import PartStream
+from mouthguard.tiers.s3_probe import S3Probe, probe_bucket
+from mouthguard.tiers.s3_versions import version_history
 
 if TYPE_CHECKING:
     from obstore import GetOptions, GetResult, PutResult
@@ -181,15 +195,18 @@ class S3Tier(Tier):
         )
 
     @property
+    @override
     def capabilities(self) -> TierCapabilities:
         """No atomic rename; atomic create and object lock as probed; durable."""
         return self._capabilities
 
+    @override
     def location(self, prefix: str = "") -> str:
         """Return ``s3://bucket/<tier prefix><prefix>``."""
         validate_prefix(prefix)
         return f"s3://{self.bucket}/{self.prefix}{prefix}"
 
+    @override
     def __repr__(self) -> str:
         return (
             f"S3Tier(name={self.name!r}, location={self.location()!r}, endpoint={self.endpoint!r})"
@@ -197,6 +214,7 @@ class S3Tier(Tier):
 
     # --- the data plane --------------------------------------------------------------
 
+    @override
     def put(
         self,
         key: str,
@@ -308,6 +326,7 @@ class S3Tier(Tier):
         check_range(key, result.meta["size"], start, end)
         return result
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Return bytes ``[start, end)`` of the object (one ranged GET).
 
@@ -324,6 +343,7 @@ class S3Tier(Tier):
         except OBSTORE_ERRORS as exc:
             raise self._control.store_error("read", key, exc) from exc
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Stream the object's bytes from ``offset`` straight into ``out``, in 4 MiB pieces.
 
@@ -351,6 +371,7 @@ class S3Tier(Tier):
                 f"short read of {key!r} in {self.location()}: got {pos} of {target.nbytes} bytes"
             )
 
+    @override
     def head(self, key: str) -> ObjectInfo:
         """Return the object's size and last-modified time, or raise ObjectNotFoundError."""
         validate_key(key)
@@ -360,14 +381,16 @@ class S3Tier(Tier):
             raise self._control.store_error("head", key, exc) from exc
         return ObjectInfo(key, meta["size"], meta["last_modified"].timestamp())
 
+    @override
     def list(self, prefix: str = "") -> Iterator[str]:
         """Return an iterator over the sorted keys starting with ``prefix`` (a snapshot).
 
         Objects whose names are not valid keys are skipped (see the module docstring).
         """
         validate_prefix(prefix)
-        return iter(sorted(key for key in self._control.list_keys(prefix) if _is_key(key)))
+        return iter(sorted(key for key in self._control.list_keys(prefix) if is_valid_key(key)))
 
+    @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the sorted names ``n`` such that an object lives below ``prefix + n + "/"``.
 
@@ -376,8 +399,9 @@ class S3Tier(Tier):
         """
         validate_dir_prefix(prefix)
         names = (common.removesuffix("/") for common in self._control.common_prefixes(prefix))
-        return sorted(name for name in names if _is_key(name) and "/" not in name)
+        return sorted(name for name in names if is_valid_segment(name))
 
+    @override
     def delete(self, key: str) -> bool:
         """Delete ``key``; return whether it existed.
 
@@ -392,6 +416,7 @@ class S3Tier(Tier):
             self._control.client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
         return True
 
+    @override
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
         """Abort multipart uploads under ``prefix`` started more than ``older_than_seconds`` ago.
 
@@ -413,6 +438,7 @@ class S3Tier(Tier):
         """The object's S3 tag set."""
         return self._control.get_tags(validate_key(key))
 
+    @override
     def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
         """Merge ``tags`` into the object's S3 tags as ``mouthguard-<tag>``; return True."""
         current = self.get_tags(key)
@@ -420,11 +446,13 @@ class S3Tier(Tier):
         self.set_tags(key, current)
         return True
 
+    @override
     def annotations(self, key: str) -> dict[str, str]:
         """The object's ``mouthguard-<tag>`` S3 tags, without the prefix."""
         tags = self.get_tags(key)
         return {k[len(TAG_PREFIX) :]: v for k, v in tags.items() if k.startswith(TAG_PREFIX)}
 
+    @override
     def set_legal_hold(self, key: str, on: bool) -> bool:
         """Place (``on``) or lift the Object Lock legal hold on the object's latest version.
 
@@ -448,60 +476,3 @@ class S3Tier(Tier):
         """Version ids of ``key``, newest first in the server's order ("null" if unversioned)."""
         history = version_history(self._control, validate_key(key))
         return [entry.version_id for entry in history if not entry.delete_marker]
-
-
-class PartStream:
-    """Regroups a caller's stream of buffers into private copies of ``part_size`` bytes.
-
-    Attributes:
-        size: bytes taken from the caller's stream so far.
-        error: what the caller's stream raised, if it did (``put`` re-raises it).
-    """
-
-    def __init__(self, data: Iterable[BytesLike], part_size: int) -> None:
-        self._chunks = iter_buffers(data)
-        self._part_size = part_size
-        # The rest of a chunk that straddles a part boundary. The caller's generator
-        # stays suspended until it is used up, so its buffer cannot change meanwhile.
-        self._pending: memoryview | None = None
-        self.size = 0
-        self.error: BaseException | None = None
-
-    def _next_part(self) -> bytearray | None:
-        part = bytearray()
-        while len(part) < self._part_size:
-            view, self._pending = self._pending, None
-            if view is None:
-                try:
-                    view = next(self._chunks)
-                except StopIteration:
-                    break
-                except BaseException as exc:
-                    self.error = exc
-                    raise
-            take = min(view.nbytes, self._part_size - len(part))
-            part += view[:take]
-            if take < view.nbytes:
-                self._pending = view[take:]
-        self.size += len(part)
-        return part if part else None
-
-    def first_parts(self) -> builtins.list[bytearray]:
-        """The first part, plus the second if there is one (then the upload is multipart)."""
-        first = self._next_part() or bytearray()
-        second = self._next_part() if len(first) == self._part_size else None
-        return [first] if second is None else [first, second]
-
-    def all_parts(self, first: builtins.list[bytearray]) -> Iterator[bytearray]:
-        """Yield ``first``, then the remaining parts of the stream."""
-        yield from first
-        while (part := self._next_part()) is not None:
-            yield part
-
-
-def _is_key(key: str) -> bool:
-    try:
-        validate_key(key)
-    except InvalidKeyError:
-        return False
-    return True

@@ -1,107 +1,42 @@
-"""What an S3 server really does, measured when a tier opens; and how CREATE stays create-only.
+"""What an S3 server really does, measured when a tier opens.
 
 :func:`probe_bucket` reads the bucket's versioning and Object Lock settings and
 *measures* whether the server refuses a second create-only put (``If-None-Match:
 *``); Ceph RGW honours it on plain buckets and ignores it on versioned and
-Object-Lock ones. The finding picks the :class:`CreateGuard` of
-``S3Tier.put(mode=CREATE)``:
+Object-Lock ones. The finding picks the
+:class:`~mouthguard.tiers.s3_create.CreateGuard` of ``S3Tier.put(mode=CREATE)``
+(the guards, their protocol and its residual risks are documented there): the
+server's own refusal where it is honoured, else the oldest-version rule where
+versioning is enabled and the server lists the probe's versions in the order
+they were written, else a racy existence check, reported as such.
 
-``IF_NONE_MATCH``: the server refuses the second create. Atomic, and a loser's
-bytes are never visible; one single PUT (held in memory, at most 5 GiB).
-
-``OLDEST_VERSION``: versioning *Enabled*, header ignored. A creator checks that
-the key is absent (HEAD), PUTs (single or multipart), lists the key's versions
-in the server's order (:func:`version_history`) and applies one rule: **the
-oldest version since the newest delete marker wins**. A loser deletes its own
-version by id, so the winner's is the latest again, and raises
-``ObjectExistsError``; where deleting is refused (a default COMPLIANCE
-retention, permissions) it covers its version with a server-side copy of the
-winner's instead (:func:`settle_versioned_create`).
-
-``EXISTENCE_CHECK``: anything else (header ignored without versioning, or
-versioning *Suspended*): HEAD, then PUT. Two racing creators can both succeed;
-the notes say so and ``capabilities.conditional_put`` is false.
-
-Why at most one creator wins: each lists *after* its own PUT completed, and the
-listing is strongly consistent and in one order for every reader (the order in
-which the server linked the versions; not ``LastModified``, which concurrent
-PUTs do not follow). If A and B see each other, they agree on the older. If A
-listed before B's PUT completed, B's later listing shows A as older. And since
-the checkpoint writer stops at its first ``ObjectExistsError``, a writer whose
-manifest wins also won every data object that manifest names.
-
-Residual risks of ``OLDEST_VERSION``. None lets two creators both succeed, nor a
-reader accept a mix of two writers' bytes (every byte is checked against the
-manifest's checksums), but:
-
-* From the end of a loser's PUT to its cleanup (a LIST and a DELETE, some
-  milliseconds), a plain GET returns the *loser's* bytes. A reader in that
-  window rejects the winner's copy as damaged; a verifier (a read-back just
-  after the commit) may set it aside, which on a versioned bucket only adds
-  delete markers: the winner's versions survive.
-* A loser that dies between PUT and cleanup leaves its version on top: the
-  winner's copy reads as damaged until that version is deleted.
-* Racing writers' data objects interleave under the one final prefix: with
-  ranks in several processes, A may win rank 0 and B rank 1. Both then fail
-  and neither may commit; what they wrote is uncommitted garbage.
-* A PUT that obstore retried after the first attempt was stored (the reply was
-  lost) leaves two versions of the same bytes: the creator loses to itself,
-  as a retried ``If-None-Match`` PUT gets 412. Safe, but misleading.
-* A creator that cannot list the versions raises ``TierError`` and undoes
-  nothing: its object may be the winner, like any write whose reply was lost.
-* Versioning is read at open; suspended later, PUTs replace the ``null``
-  version and the rule can no longer tell creators apart.
-* Overwrites and deletes racing a create are ordered like any write: an older
-  overwrite makes the create lose; a delete marker starts a new generation.
+The findings (:class:`S3Probe`) are what ``mouthguard doctor`` prints.
 """
 
 from __future__ import annotations
 
-import enum
-import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-from xml.etree import ElementTree
+from typing import TYPE_CHECKING
 
 import obstore
 import obstore.exceptions
 from botocore.exceptions import BotoCoreError, ClientError
 
-from mouthguard.errors import ObjectExistsError, TierError
-from mouthguard.tiers.s3_control import OBSTORE_ERRORS, error_code
+from mouthguard.errors import TierError
+from mouthguard.tiers.s3_create import CreateGuard
+from mouthguard.tiers.s3_errors import OBSTORE_ERRORS, error_code
+from mouthguard.tiers.s3_versions import delete_version, record_version_order, version_history
 
 if TYPE_CHECKING:
     from obstore.store import S3Store
 
     from mouthguard.tiers.s3_control import S3Control
 
-log = logging.getLogger(__name__)
-
 #: Where probe objects go, under the tier's prefix: dot-named, so never a valid
 #: key (no caller can collide with it) and never listed.
 PROBE_DIR = ".mouthguard-probe"
-# Where the after-call hook leaves a ListObjectVersions page's entry order (see _keep_order).
-_ORDER = "MouthguardEntryOrder"
-_ENTRY_KINDS = frozenset({"Version", "DeleteMarker"})
-# Bounds one key's version history: far beyond any create-only key's (1000 per page).
-_MAX_VERSION_PAGES = 100
-
-
-class CreateGuard(enum.Enum):
-    """How ``PutMode.CREATE`` keeps a key create-only on one bucket (see the module docstring)."""
-
-    IF_NONE_MATCH = "if-none-match"
-    OLDEST_VERSION = "oldest-version"
-    EXISTENCE_CHECK = "existence-check"
-
-    @property
-    def atomic(self) -> bool:
-        """At most one of several concurrent creators of a key succeeds."""
-        return self is not CreateGuard.EXISTENCE_CHECK
-
 
 _GUARD_LINES = {
     CreateGuard.IF_NONE_MATCH: "atomic (the server refuses a second create)",
@@ -154,9 +89,6 @@ class S3Probe:
         ]
 
 
-# --- the probe ------------------------------------------------------------------------
-
-
 def probe_bucket(control: S3Control, store: S3Store) -> S3Probe:
     """Measure what the bucket does: versioning, Object Lock, and real create-only puts.
 
@@ -176,9 +108,7 @@ def probe_bucket(control: S3Control, store: S3Store) -> S3Probe:
     """
     started = time.monotonic()
     # Registered once, here, while the tier is still private to the opening thread.
-    control.client.meta.events.register(
-        "after-call.s3.ListObjectVersions", _keep_order, unique_id=_ORDER
-    )
+    record_version_order(control)
     notes: list[str] = []
     versioning = _versioning(control, notes)
     object_lock, retention = _object_lock(control, notes)
@@ -304,174 +234,3 @@ def _history_matches(
         notes.append(f"the probe's versions {versions} are listed as {listed}: not arbitrable")
         return False
     return True
-
-
-# --- versions in the server's order ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VersionEntry:
-    """One entry of an object's version history: a version, or a delete marker."""
-
-    version_id: str
-    delete_marker: bool
-
-
-def _keep_order(http_response: Any, parsed: dict[str, Any], **_: Any) -> None:
-    """Keep the order of a ListObjectVersions page's entries (a botocore ``after-call`` hook).
-
-    botocore parses a page into two lists, ``Versions`` and ``DeleteMarkers``,
-    losing how they interleave. That interleaving is the server's own record of
-    which write came after which; timestamps are not (concurrent PUTs list out of
-    ``LastModified`` order on Ceph RGW, and AWS lists whole seconds). Each list
-    keeps document order, so the sequence of element kinds is enough to merge
-    them back. A body that does not parse leaves no order: the caller then fails.
-    """
-    if http_response.status_code >= 300:
-        return
-    try:
-        # The body comes from the configured endpoint and botocore has already parsed
-        # it with the same expat parser, which resolves no external entities.
-        root = ElementTree.fromstring(http_response.content)  # noqa: S314
-    except ElementTree.ParseError:
-        return
-    kinds = (child.tag.rpartition("}")[2] for child in root)
-    parsed[_ORDER] = [kind for kind in kinds if kind in _ENTRY_KINDS]
-
-
-def _merge_page(page: Mapping[str, Any], full_key: str) -> list[VersionEntry]:
-    """The entries of one ListObjectVersions page for ``full_key``, in document order."""
-    order: list[str] | None = page.get(_ORDER)
-    versions, markers = page.get("Versions", []), page.get("DeleteMarkers", [])
-    if order is None or sorted(order) != sorted(
-        ["Version"] * len(versions) + ["DeleteMarker"] * len(markers)
-    ):
-        raise TierError(f"cannot read the order of the versions of {full_key!r}")
-    sources = {"Version": iter(versions), "DeleteMarker": iter(markers)}
-    merged = (next(sources[kind]) | {"Kind": kind} for kind in order)
-    return [
-        VersionEntry(str(item["VersionId"]), item["Kind"] == "DeleteMarker")
-        for item in merged
-        if item["Key"] == full_key
-    ]
-
-
-def version_history(control: S3Control, key: str) -> list[VersionEntry]:
-    """Versions and delete markers of exactly ``key``, newest first, in the server's order.
-
-    Never re-sorted by time: the first entry is what a plain GET sees, and every
-    reader sees the same order. Needs the hook that :func:`probe_bucket` installs.
-
-    Raises:
-        TierError: the listing failed, or its order could not be read.
-    """
-    full_key, entries = control.prefix + key, list[VersionEntry]()
-    markers: dict[str, str] = {}
-    with control.errors("list the versions of", key):
-        for _ in range(_MAX_VERSION_PAGES):
-            page = control.client.list_object_versions(
-                Bucket=control.bucket, Prefix=full_key, **markers
-            )
-            entries += _merge_page(page, full_key)
-            # Keys sort after their own prefix: past full_key means past its versions.
-            if not page.get("IsTruncated") or page.get("NextKeyMarker") != full_key:
-                return entries
-            markers = {
-                "KeyMarker": page["NextKeyMarker"],
-                "VersionIdMarker": page["NextVersionIdMarker"],
-            }
-    raise TierError(f"{key!r} has more than {_MAX_VERSION_PAGES} pages of versions")
-
-
-def delete_version(
-    control: S3Control, key: str, version_id: str, *, bypass_governance: bool
-) -> None:
-    """Delete one version (or delete marker) of ``key`` for good.
-
-    ``bypass_governance`` also removes a version under GOVERNANCE retention
-    (with the ``s3:BypassGovernanceRetention`` permission).
-
-    Raises:
-        TierError: refused (COMPLIANCE retention, a legal hold, no permission).
-    """
-    bypass = {"BypassGovernanceRetention": True} if bypass_governance else {}
-    with control.errors(f"delete version {version_id} of", key):
-        control.client.delete_object(
-            Bucket=control.bucket, Key=control.prefix + key, VersionId=version_id, **bypass
-        )
-
-
-def restore_version(control: S3Control, key: str, version_id: str) -> None:
-    """Make a server-side copy of ``version_id`` (bytes, metadata, tags) ``key``'s latest.
-
-    Raises:
-        TierError: refused, or the object is over CopyObject's 5 GiB.
-    """
-    source = {"Bucket": control.bucket, "Key": control.prefix + key, "VersionId": version_id}
-    with control.errors(f"restore version {version_id} of", key):
-        control.client.copy_object(
-            Bucket=control.bucket, Key=control.prefix + key, CopySource=source
-        )
-
-
-# --- arbitration of OLDEST_VERSION -------------------------------------------------------
-
-
-def rivals(history: Sequence[VersionEntry], version_id: str) -> list[VersionEntry] | None:
-    """The versions older than ``version_id`` in its generation, newest first.
-
-    A generation starts after a delete marker: what came before was deleted.
-    ``None`` when ``version_id`` is not in ``history`` at all.
-    """
-    ids = [entry.version_id for entry in history]
-    if version_id not in ids:
-        return None
-    older: list[VersionEntry] = []
-    for entry in history[ids.index(version_id) + 1 :]:
-        if entry.delete_marker:
-            break
-        older.append(entry)
-    return older
-
-
-def settle_versioned_create(
-    control: S3Control, key: str, version_id: str | None, *, bypass_governance: bool
-) -> None:
-    """Decide a create-only put that already stored ``version_id``: keep it, or undo it.
-
-    Call right after the PUT returned. Returns if ``version_id`` is the oldest
-    version of its generation (the create won). Otherwise removes it by id, or
-    where that is refused puts a copy of the winner's version on top, so a plain
-    GET sees the winner's bytes again, and raises.
-
-    Args:
-        control: the tier's control plane.
-        key: the object key.
-        version_id: the version the PUT returned.
-        bypass_governance: the bucket's default retention is GOVERNANCE.
-
-    Raises:
-        ObjectExistsError: an older version of the key exists: the create lost.
-        TierError: the outcome cannot be decided (no version id, the history is
-            unreadable, or our version vanished); nothing is undone then.
-    """
-    where = f"s3://{control.bucket}/{control.prefix}{key} at {control.endpoint}"
-    if not version_id:
-        raise TierError(f"cannot settle the create of {where}: the PUT returned no version id")
-    older = rivals(version_history(control, key), version_id)
-    if older is None:
-        raise TierError(f"cannot settle the create of {where}: version {version_id} is gone")
-    if not older:
-        return
-    winner = older[-1].version_id
-    lost = f"{where} already exists: a concurrent create stored {winner} before our {version_id}"
-    try:
-        delete_version(control, key, version_id, bypass_governance=bypass_governance)
-    except TierError as refused:
-        try:  # undeletable (retention, permissions): the winner's bytes go back on top
-            restore_version(control, key, winner)
-        except TierError as failed:
-            log.warning("%s; ours is neither deleted (%s) nor covered (%s)", lost, refused, failed)
-            raise ObjectExistsError(f"{lost}; ours stays on top: {failed}") from None
-        raise ObjectExistsError(f"{lost}; a copy of the winner's now covers ours") from None
-    raise ObjectExistsError(f"{lost}; ours was removed")

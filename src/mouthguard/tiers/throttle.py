@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from typing_extensions import override
+
 from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, iter_buffers
 from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 from mouthguard.tiers.wrapper import WrappedTier
@@ -59,6 +61,7 @@ class ThrottledTier(WrappedTier):
         self.write_bytes_per_second = rate
         self.clock = clock
 
+    @override
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
         """Store ``data`` through the inner tier, no faster than the configured rate.
 
@@ -82,6 +85,7 @@ class ThrottledTier(WrappedTier):
                 if delay > 0:
                     self.clock.sleep(delay)
 
+    @override
     def __repr__(self) -> str:
         return (
             f"ThrottledTier({self.inner!r}, write_bytes_per_second={self.write_bytes_per_second:g})"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterator, Mapping
 
+from typing_extensions import override
+
 from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, TierCapabilities
 
 
@@ -27,70 +29,73 @@ class WrappedTier(Tier):
         self.inner = inner
 
     @property
+    @override
     def capabilities(self) -> TierCapabilities:
-        """The inner tier's capabilities."""
         return self.inner.capabilities
 
+    @override
     def location(self, prefix: str = "") -> str:
-        """The inner tier's location of ``prefix``."""
         return self.inner.location(prefix)
 
+    @override
     def put(self, key: str, data: PutData, *, mode: PutMode = PutMode.OVERWRITE) -> ObjectInfo:
-        """Forwarded."""
         return self.inner.put(key, data, mode=mode)
 
+    @override
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        """Forwarded."""
         return self.inner.get(key, start, end)
 
+    @override
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
-        """Forwarded."""
         self.inner.read_into(key, offset, out)
 
+    @override
     def head(self, key: str) -> ObjectInfo:
-        """Forwarded."""
         return self.inner.head(key)
 
+    @override
     def exists(self, key: str) -> bool:
-        """Forwarded."""
         return self.inner.exists(key)
 
+    @override
     def list(self, prefix: str = "") -> Iterator[str]:
-        """Forwarded."""
         return self.inner.list(prefix)
 
     # ``builtins.list``: in the class body ``list`` names the method above.
+    @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        """Forwarded."""
         return self.inner.list_dirs(prefix)
 
+    @override
     def delete(self, key: str) -> bool:
-        """Forwarded."""
         return self.inner.delete(key)
 
+    @override
     def delete_prefix(self, prefix: str) -> int:
-        """Forwarded (the inner tier may have a faster bulk delete)."""
+        # Forwarded, not Tier's loop of deletes: the inner tier may bulk-delete faster.
         return self.inner.delete_prefix(prefix)
 
+    @override
     def rename_prefix(self, src: str, dst: str) -> None:
-        """Forwarded (the inner tier refuses if it cannot rename atomically)."""
+        # The inner tier refuses if it cannot rename atomically.
         self.inner.rename_prefix(src, dst)
 
+    @override
     def annotate(self, key: str, tags: Mapping[str, str]) -> bool:
-        """Forwarded."""
         return self.inner.annotate(key, tags)
 
+    @override
     def annotations(self, key: str) -> dict[str, str]:
-        """Forwarded."""
         return self.inner.annotations(key)
 
+    @override
     def set_legal_hold(self, key: str, on: bool) -> bool:
-        """Forwarded."""
         return self.inner.set_legal_hold(key, on)
 
+    @override
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
-        """Forwarded."""
         return self.inner.collect_incomplete(prefix, older_than_seconds)
 
+    @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r})"

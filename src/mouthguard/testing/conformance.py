@@ -1,9 +1,22 @@
-"""The tier conformance suite: the contract of ``mouthguard.tiers.base``, as tests.
+"""The tier conformance suite: the contract of :mod:`mouthguard.tiers.base`, as pytest tests.
 
-Every tier's test module subclasses :class:`TierConformance` and provides a
-``make_tier`` fixture: a zero-argument factory returning a *new instance over
-the same backing storage* on each call (for a RAM tier, simply a new tier). The
-suite's ``tier`` fixture is ``make_tier()``; a subclass may override it.
+Usage, for a tier of your own (a fuller example is in ``docs/testing.md``)::
+
+    import pytest
+    from mouthguard.testing.conformance import TierConformance
+
+    class TestMyTier(TierConformance):
+        @pytest.fixture
+        def make_tier(self, tmp_path):
+            return lambda: MyTier(tmp_path)  # a new instance over the same storage
+
+Then ``pytest``: every contract the tier breaks is a failing test named after it.
+mouthguard runs this same suite against each of its own tiers (memory, local,
+S3 on plain and Object-Lock buckets, and the encrypting, pacing and
+fault-injecting wrappers).
+
+Helpers for a tier's own extra tests are public too: :func:`payload`,
+:data:`INVALID_KEYS`, :data:`INVALID_PREFIXES`, :data:`MiB`.
 """
 
 from __future__ import annotations
@@ -14,7 +27,13 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
+try:
+    import pytest
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess without pytest
+    raise ImportError(
+        "mouthguard.testing.conformance is a pytest suite and needs pytest: "
+        "pip install 'mouthguard[testing]' (or pip install pytest)"
+    ) from exc
 
 from mouthguard.errors import (
     InvalidKeyError,
@@ -25,8 +44,11 @@ from mouthguard.errors import (
 )
 from mouthguard.tiers.base import BytesLike, ObjectInfo, PutMode, Tier
 
+__all__ = ["INVALID_KEYS", "INVALID_PREFIXES", "MiB", "TierConformance", "payload"]
+
 MiB = 1024 * 1024
 
+#: Keys every tier must refuse with InvalidKeyError, before any I/O.
 INVALID_KEYS = [
     "../x",
     "a/../../x",
@@ -44,35 +66,59 @@ INVALID_KEYS = [
     "/".join(["a" * 200] * 6),  # whole key longer than MAX_KEY_LENGTH
 ]
 
+#: Prefixes ``list``, ``list_dirs`` and ``location`` must refuse.
 INVALID_PREFIXES = ["../", "/abs", "a//", "a/./", ".hidden/", "a\x00/", "/"]
 
 
 def payload(size: int, seed: int = 0) -> bytes:
-    return random.Random(seed).randbytes(size)
+    """``size`` reproducible pseudo-random bytes (the same ``seed`` gives the same bytes)."""
+    return random.Random(seed).randbytes(size)  # noqa: S311 - test data, not secrets
 
 
-def assert_plain_tier_error(excinfo: pytest.ExceptionInfo[TierError]) -> None:
+def _assert_plain_tier_error(excinfo: pytest.ExceptionInfo[TierError]) -> None:
     # Range errors must be reported as such, not disguised as a missing object.
     assert not isinstance(excinfo.value, ObjectNotFoundError | InvalidKeyError)
 
 
 class TierConformance:
-    """Contract tests shared by every tier. Subclasses provide ``make_tier``."""
+    """The contract of every tier, as tests. Subclass it and provide ``make_tier``.
+
+    ``make_tier`` is a fixture returning a zero-argument factory: each call gives
+    a *new instance over the same backing storage* (for a RAM tier, simply a new
+    tier), starting empty for each test. The suite's ``tier`` fixture is
+    ``make_tier()``; a subclass may override it, and add tests of its own.
+
+    What a tier declares in its ``capabilities`` decides what is checked: racing
+    creators only where ``conditional_put``, moves only where ``atomic_rename``
+    (elsewhere ``rename_prefix`` must refuse), legal holds only where
+    ``object_lock``, persistence only where ``persistent``.
+    """
+
+    @pytest.fixture
+    def make_tier(self) -> Callable[[], Tier]:
+        """Override me: a factory of new instances over one (initially empty) storage."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define a make_tier fixture returning a "
+            "zero-argument factory of the tier under test"
+        )
 
     @pytest.fixture
     def tier(self, make_tier: Callable[[], Tier]) -> Tier:
+        """The tier under test: ``make_tier()``."""
         return make_tier()
 
     # --- put / get -------------------------------------------------------------
 
     @pytest.mark.parametrize("size", [0, 1, 4096, 100_003])
     def test_roundtrip_single_buffer(self, tier: Tier, size: int) -> None:
+        """One buffer in, the same bytes out; ``put`` reports the size."""
         data = payload(size, seed=size)
         info = tier.put("obj/one", data)
         assert info == ObjectInfo("obj/one", size, info.mtime)
         assert tier.get("obj/one") == data
 
     def test_roundtrip_mixed_chunks(self, tier: Tier) -> None:
+        """An iterable of bytes, bytearray, memoryview and empty chunks is written in order."""
         chunks: list[BytesLike] = [
             b"abc",
             bytearray(b"defg"),
@@ -85,6 +131,7 @@ class TierConformance:
         assert tier.get("chunks") == b"abcdefghijk"
 
     def test_roundtrip_generator_and_typed_views(self, tier: Tier) -> None:
+        """Chunks from a generator, typed memoryviews included, count in bytes."""
         ints = array.array("i", range(100))
 
         def gen() -> Iterator[memoryview]:
@@ -96,6 +143,7 @@ class TierConformance:
         assert tier.head("typed").size == len(ints.tobytes()) + 4
 
     def test_five_mib_object_streamed(self, tier: Tier) -> None:
+        """A multi-MiB stream round-trips; ``read_into`` writes nothing past its view."""
         data = payload(5 * MiB, seed=5)
         chunks = (data[i : i + MiB] for i in range(0, len(data), MiB))
         assert tier.put("big/blob", chunks).size == 5 * MiB
@@ -106,12 +154,14 @@ class TierConformance:
         assert out[MiB - 7 :] == bytes(7)  # nothing written past the view
 
     def test_put_copies_its_input(self, tier: Tier) -> None:
+        """The tier keeps its own copy: changing the caller's buffer later changes nothing."""
         buf = bytearray(b"original")
         tier.put("copy", buf)
         buf[:] = b"mutated!"
         assert tier.get("copy") == b"original"
 
     def test_put_copies_each_reused_chunk(self, tier: Tier) -> None:
+        """A stream may refill one buffer for every chunk: each is consumed before the next."""
         # A streaming writer may refill one buffer for every chunk.
         buf = bytearray(4)
 
@@ -124,6 +174,7 @@ class TierConformance:
         assert tier.get("reused") == b"aaaabbbbcccc"
 
     def test_failing_iterable_is_all_or_nothing(self, tier: Tier) -> None:
+        """A stream that raises publishes nothing; the exception reaches the caller unchanged."""
         tier.put("keep", b"old")
 
         def broken() -> Iterator[bytes]:
@@ -141,6 +192,7 @@ class TierConformance:
     # --- ranges ----------------------------------------------------------------
 
     def test_get_ranges(self, tier: Tier) -> None:
+        """``get(key, start, end)`` returns exactly that slice; empty ranges at the end are fine."""
         data = payload(1000, seed=1)
         tier.put("r", data)
         assert tier.get("r", 10, 20) == data[10:20]
@@ -151,12 +203,14 @@ class TierConformance:
 
     @pytest.mark.parametrize(("start", "end"), [(-1, None), (5, 2), (0, 1001), (1001, None)])
     def test_get_bad_ranges_raise(self, tier: Tier, start: int, end: int | None) -> None:
+        """Negative, reversed or past-the-end ranges raise a plain TierError, never a short read."""
         tier.put("r", payload(1000))
         with pytest.raises(TierError) as excinfo:
             tier.get("r", start, end)
-        assert_plain_tier_error(excinfo)
+        _assert_plain_tier_error(excinfo)
 
     def test_read_into_at_offsets(self, tier: Tier) -> None:
+        """``read_into`` fills the whole view from the offset, for any item size."""
         data = payload(4096, seed=2)
         tier.put("ri", data)
         out = bytearray(100)
@@ -171,13 +225,15 @@ class TierConformance:
 
     @pytest.mark.parametrize(("offset", "size"), [(4000, 100), (-1, 4), (4097, 0)])
     def test_read_into_past_end_raises(self, tier: Tier, offset: int, size: int) -> None:
+        """``read_into`` past the end raises a plain TierError."""
         tier.put("ri", payload(4096))
         out = bytearray(size)
         with pytest.raises(TierError) as excinfo:
             tier.read_into("ri", offset, memoryview(out))
-        assert_plain_tier_error(excinfo)
+        _assert_plain_tier_error(excinfo)
 
     def test_every_range_of_a_small_object(self, tier: Tier) -> None:
+        """Every valid range of a small object reads its slice; every invalid one raises."""
         # Exhaustive over a small domain: every valid range reads exactly the
         # slice, every invalid one (negative, reversed, past the end) raises.
         data = payload(13, seed=4)
@@ -199,6 +255,7 @@ class TierConformance:
                         tier.read_into("small", start, memoryview(bytearray(stop - start)))
 
     def test_missing_objects(self, tier: Tier) -> None:
+        """Reading or heading a missing key raises ObjectNotFoundError; ``exists`` is False."""
         with pytest.raises(ObjectNotFoundError):
             tier.get("nope")
         with pytest.raises(ObjectNotFoundError):
@@ -210,6 +267,7 @@ class TierConformance:
     # --- modes, head, exists ---------------------------------------------------
 
     def test_create_refuses_existing_and_keeps_old(self, tier: Tier) -> None:
+        """``PutMode.CREATE`` refuses an existing key and leaves its bytes alone."""
         assert tier.put("c/k", b"first", mode=PutMode.CREATE).size == 5
         with pytest.raises(ObjectExistsError):
             tier.put("c/k", b"second", mode=PutMode.CREATE)
@@ -217,12 +275,14 @@ class TierConformance:
         assert list(tier.list("c/")) == ["c/k"]
 
     def test_overwrite_replaces(self, tier: Tier) -> None:
+        """``PutMode.OVERWRITE`` replaces the bytes and the size."""
         tier.put("o", b"a much longer first version")
         tier.put("o", b"short", mode=PutMode.OVERWRITE)
         assert tier.get("o") == b"short"
         assert tier.head("o").size == 5
 
     def test_concurrent_create_has_one_winner(self, tier: Tier) -> None:
+        """Where ``conditional_put`` is declared, of racing creators exactly one wins."""
         if not tier.capabilities.conditional_put:
             pytest.skip("CREATE is not atomic on this tier")
         barrier = threading.Barrier(8)
@@ -241,6 +301,7 @@ class TierConformance:
         assert tier.get("race") == f"writer-{results.index(True)}".encode()
 
     def test_head_and_exists(self, tier: Tier) -> None:
+        """``head`` and ``exists`` see objects, not the "directories" above them."""
         tier.put("h/x", b"12345")
         info = tier.head("h/x")
         assert (info.key, info.size) == ("h/x", 5)
@@ -252,8 +313,9 @@ class TierConformance:
     # --- list / list_dirs ------------------------------------------------------
 
     def test_list_sorted_with_prefix_semantics(self, tier: Tier) -> None:
+        """``list`` is sorted; a prefix is a plain string prefix of the key."""
         keys = ["b", "a0", "a/y/z", "ab/x", "a-b", "a/x", "a/yy", "c/d/e/f"]
-        for key in random.Random(3).sample(keys, len(keys)):
+        for key in random.Random(3).sample(keys, len(keys)):  # noqa: S311 - a shuffle
             tier.put(key, key.encode())
         assert list(tier.list()) == sorted(keys)
         assert list(tier.list("a/")) == ["a/x", "a/y/z", "a/yy"]
@@ -265,6 +327,7 @@ class TierConformance:
         assert list(tier.list("a0")) == ["a0"]
 
     def test_list_dirs(self, tier: Tier) -> None:
+        """``list_dirs`` names the sub-directories holding objects; its prefix ends with ``/``."""
         for key in ["r/s1/x", "r/s2/deep/y", "r/file", "top"]:
             tier.put(key, b"v")
         assert tier.list_dirs() == ["r"]
@@ -278,6 +341,7 @@ class TierConformance:
     # --- delete ----------------------------------------------------------------
 
     def test_delete(self, tier: Tier) -> None:
+        """``delete`` says whether the key existed; ``delete_prefix`` counts what it deleted."""
         tier.put("d/a/1", b"x")
         tier.put("d/a/2", b"y")
         assert tier.delete("d/a/1") is True
@@ -294,6 +358,7 @@ class TierConformance:
     # --- rename_prefix ---------------------------------------------------------
 
     def test_rename_prefix_moves_everything(self, tier: Tier) -> None:
+        """``rename_prefix`` moves exactly one prefix, or is refused where not atomic."""
         tier.put("tmp/step1/a", b"A")
         tier.put("tmp/step1/b/c", b"C")
         tier.put("tmp/step10/z", b"Z")  # shares a string prefix but is not under tmp/step1/
@@ -307,6 +372,7 @@ class TierConformance:
         assert tier.get("done/step1/b/c") == b"C"
 
     def test_rename_prefix_refusals(self, tier: Tier) -> None:
+        """Where ``atomic_rename``: busy, missing, overlapping, invalid prefixes change nothing."""
         if not tier.capabilities.atomic_rename:
             pytest.skip("covered by test_rename_prefix_moves_everything")
         tier.put("s/a", b"1")
@@ -327,6 +393,7 @@ class TierConformance:
 
     @pytest.mark.parametrize("key", INVALID_KEYS)
     def test_invalid_keys_rejected_without_side_effects(self, tier: Tier, key: str) -> None:
+        """Every operation refuses an unsafe key with InvalidKeyError before any I/O."""
         tier.put("canary", b"c")
         with pytest.raises(InvalidKeyError):
             tier.put(key, b"data")
@@ -346,6 +413,7 @@ class TierConformance:
 
     @pytest.mark.parametrize("prefix", INVALID_PREFIXES)
     def test_invalid_prefixes_rejected(self, tier: Tier, prefix: str) -> None:
+        """``list``, ``list_dirs`` and ``location`` refuse unsafe prefixes."""
         with pytest.raises(InvalidKeyError):
             list(tier.list(prefix))
         with pytest.raises(InvalidKeyError):
@@ -354,6 +422,7 @@ class TierConformance:
             tier.location(prefix)
 
     def test_collect_incomplete_never_touches_objects(self, tier: Tier) -> None:
+        """Collecting debris never removes a complete object."""
         tier.put("g/a", b"a")
         tier.put("g/b/c", b"c")
         assert tier.collect_incomplete("", 0.0) == 0
@@ -363,6 +432,7 @@ class TierConformance:
     # --- concurrency, instances, location --------------------------------------
 
     def test_concurrent_distinct_puts_all_land(self, tier: Tier) -> None:
+        """Concurrent puts of distinct keys all land, intact."""
         keys = [f"conc/d{i % 4}/k{i:03d}" for i in range(64)]
 
         def write(key: str) -> None:
@@ -376,6 +446,7 @@ class TierConformance:
     def test_new_instance_sees_objects_iff_persistent(
         self, tier: Tier, make_tier: Callable[[], Tier]
     ) -> None:
+        """A new instance over the same storage sees the objects exactly when ``persistent``."""
         tier.put("p/q", b"persist me")
         again = make_tier()
         if tier.capabilities.persistent:
@@ -385,6 +456,7 @@ class TierConformance:
             assert list(again.list()) == []
 
     def test_location_and_capabilities(self, tier: Tier) -> None:
+        """Locations are strings that tell prefixes apart; durable implies persistent."""
         assert isinstance(tier.location(), str)
         assert isinstance(tier.location("a/b/"), str)
         assert tier.location("a/b") != tier.location("a/c")
@@ -395,6 +467,7 @@ class TierConformance:
     # --- advisory annotations (the importance hint passed down) -------------
 
     def test_annotations_are_advisory_and_per_object(self, tier: Tier) -> None:
+        """Annotations are stored per object where supported, else dropped; bytes never change."""
         tier.put("hint/a", b"x")
         tier.put("hint/b", b"y")
         stored = tier.annotate("hint/a", {"importance": "critical"})
@@ -406,3 +479,14 @@ class TierConformance:
             assert tier.annotations("hint/a") == {}
         assert tier.annotations("hint/b") == {}
         assert tier.get("hint/a") == b"x"  # annotating never changes the bytes
+
+    # --- legal holds (only where object_lock is declared) --------------------
+
+    def test_legal_hold_follows_the_capability(self, tier: Tier) -> None:
+        """``set_legal_hold`` works exactly where ``object_lock`` is declared; bytes stay."""
+        tier.put("held/obj", b"keep me")
+        placed = tier.set_legal_hold("held/obj", True)
+        assert placed == tier.capabilities.object_lock
+        if placed:
+            assert tier.set_legal_hold("held/obj", False)  # released: cleanup can delete it
+        assert tier.get("held/obj") == b"keep me"
