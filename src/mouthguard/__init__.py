@@ -9,8 +9,6 @@ The public API::
     loaded = ckpt.load()            # newest valid checkpoint, verified
 """
 
-__version__ = "0.1.0"
-
 from mouthguard.checkpoint import (
     Checkpointer,
     CheckpointInfo,
@@ -25,6 +23,9 @@ from mouthguard.checkpoint import (
 )
 from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
 from mouthguard.policy.importance import Importance
+from mouthguard.version import VERSION
+
+__version__ = VERSION
 
 __all__ = [
     "CheckpointFallbackWarning",

@@ -38,6 +38,7 @@ from mouthguard.format.rank_file import RankFileLayout, build_layout, byte_view
 from mouthguard.format.state_tree import FlatState
 from mouthguard.tiers.base import PutMode, StableChunks, Tier
 from mouthguard.tiers.key_material import Keyring
+from mouthguard.version import VERSION
 
 #: Slices small enough that a slice just checksummed is still in cache when written.
 WRITE_CHUNK_BYTES = 8 * 1024 * 1024
@@ -181,10 +182,8 @@ def framework_versions() -> dict[str, str]:
 
     import torch  # noqa: PLC0415 - commands that never save (the CLI) must not load torch
 
-    import mouthguard  # noqa: PLC0415 - avoid an import cycle at module load
-
     return {
-        "mouthguard": mouthguard.__version__,
+        "mouthguard": VERSION,
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
