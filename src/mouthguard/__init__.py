@@ -24,8 +24,12 @@ from mouthguard.checkpoint import (
 from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
 from mouthguard.policy.importance import Importance
 from mouthguard.version import VERSION
+from mouthguard.wiring import install as _install_listeners
 
 __version__ = VERSION
+
+# Every store's saves and commits reach the background service (see wiring.py).
+_install_listeners()
 
 __all__ = [
     "CheckpointFallbackWarning",

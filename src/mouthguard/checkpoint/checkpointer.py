@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
@@ -21,6 +21,7 @@ from mouthguard.checkpoint.info import (
     Rejection,
     UnreadableCheckpoint,
 )
+from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.loading import Loader
 from mouthguard.checkpoint.ranks import detect_ranks
 from mouthguard.checkpoint.reader import read_manifest
@@ -50,9 +51,6 @@ from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.policy.placement import plan_placement, protection_status
 from mouthguard.tiers.base import Tier
-
-if TYPE_CHECKING:
-    from mouthguard.jobs.service import BackgroundService
 
 log = logging.getLogger(__name__)
 
@@ -317,14 +315,14 @@ class Checkpointer:
 
     def _commit_on_fast(self, request: SaveRequest, write_rank: RankWriter) -> Manifest:
         """Write and commit on the fast tier while background copies yield the disk."""
-        service = self._background()
-        if service is not None:
-            service.gate.save_started()  # background copies yield the disk to this burst
+        listener = self._listener()
+        if listener is not None:
+            listener.save_started()  # background copies yield the disk to this burst
         try:
             return save_copy(self.store.fast, request, write_rank, self.ranks)
         finally:
-            if service is not None:
-                service.gate.save_finished()
+            if listener is not None:
+                listener.save_finished()
 
     def _after_commit(
         self, manifest: Manifest, level: Importance, *, save_seconds: float, stall_seconds: float
@@ -343,9 +341,9 @@ class Checkpointer:
         tier = self.store.fast
         if self.ranks.is_coordinator:
             self._hint(CopyRef(tier, self.run, manifest.step), level, manifest)
-            service = self._background()
-            if service is not None:
-                service.notify_commit(self.run, manifest.step)
+            listener = self._listener()
+            if listener is not None:
+                listener.notify_commit(self.run, manifest.step)
         final = catalog.checkpoint_prefix(self.run, manifest.step)
         copy = CopyInfo(tier=tier.name, location=tier.location(final))
         return CheckpointInfo.from_manifest(
@@ -354,19 +352,19 @@ class Checkpointer:
 
     # --- background replication ------------------------------------------------
 
-    def _background(self) -> BackgroundService | None:
-        """The store's background service, started on first use (None when disabled)."""
-        if not self.background:
-            return None
-        from mouthguard.jobs.service import service_for  # noqa: PLC0415 - jobs sit above checkpoint
+    def _listener(self) -> CheckpointListener | None:
+        """Who hears of this checkpointer's saves: the store's listener (None when disabled).
 
-        return service_for(self.store)
+        In practice the store's background service, started on first use
+        (``mouthguard/wiring.py`` installs it; this layer never imports jobs).
+        """
+        return self.store.listener() if self.background else None
 
     def announce(self, seconds_until_save: float, nbytes: int) -> None:
         """Say a save of ``nbytes`` comes in ``seconds_until_save``: copies yield the disk."""
-        service = self._background()
-        if service is not None:
-            service.gate.announce(seconds_until_save, nbytes)
+        listener = self._listener()
+        if listener is not None:
+            listener.announce(seconds_until_save, nbytes)
 
     def wait_replicated(self, timeout: float = 300.0) -> bool:
         """Block until background replication has nothing queued or in flight.
@@ -374,10 +372,10 @@ class Checkpointer:
         Returns False on timeout (or when background replication is disabled and
         there is something it would have had to do).
         """
-        service = self._background()
-        if service is None:
+        listener = self._listener()
+        if listener is None:
             return len(self.store.tiers) == 1
-        return service.wait_idle(timeout)
+        return listener.wait_idle(timeout)
 
     # --- list ------------------------------------------------------------------
 
@@ -570,9 +568,10 @@ class Checkpointer:
         finally:
             # Repairs start only once this load is done reading: a repair racing it
             # could set aside a copy the load is about to try.
-            service = self._background() if rejected else None
-            for damaged in sorted({r.step for r in rejected}) if service else ():
-                service.notify_commit(self.run, damaged)  # type: ignore[union-attr]
+            listener = self._listener() if rejected else None
+            if listener is not None:
+                for damaged in sorted({r.step for r in rejected}):
+                    listener.request_repair(self.run, damaged)
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         return catalog.tiers_holding(self.store.tiers, self.run, step)

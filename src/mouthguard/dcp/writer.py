@@ -119,9 +119,10 @@ class Writer(StorageWriter):
         importance: recorded in the manifest like ``Checkpointer.save``'s.
         with_sha256: also record sha256 of every file (tamper evidence, slower).
         reference: optional values (e.g. ``{"loss": 2.3}``) stored in the manifest.
-        background: after the commit, wake this process's background replication
-            (started if needed) as ``Checkpointer`` does; default: when the store
-            has more than one tier. Off, replication is left to ``mouthguard agent``.
+        background: after the commit, tell the store's listener -- this process's
+            background replication, started if needed -- as ``Checkpointer`` does;
+            default: when the store has more than one tier. Off, replication is
+            left to ``mouthguard agent``.
     """
 
     def __init__(
@@ -333,10 +334,9 @@ class Writer(StorageWriter):
             except MouthguardError as exc:
                 log.info("could not pass the importance hint down for %s: %s", ref, exc)
         log.info("committed DCP checkpoint %s step %d", self.run, self.step)
-        if self.background:
-            from mouthguard.jobs.service import service_for  # noqa: PLC0415 - started on demand
-
-            service_for(self.store).notify_commit(self.run, self.step)
+        listener = self.store.listener() if self.background else None
+        if listener is not None:
+            listener.notify_commit(self.run, self.step)
 
 
 def _collect(
