@@ -12,8 +12,10 @@ from typing import Any, Self
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
+from mouthguard.checkpoint.commit import after_commit
 from mouthguard.checkpoint.committer import RankWriter, SaveRequest, save_copy
 from mouthguard.checkpoint.facts import gather, tier_facts, unreadable_copies
+from mouthguard.checkpoint.hints import pass_hint_down
 from mouthguard.checkpoint.info import (
     CheckpointInfo,
     CopyInfo,
@@ -24,7 +26,6 @@ from mouthguard.checkpoint.info import (
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.loading import Loader
 from mouthguard.checkpoint.ranks import detect_ranks
-from mouthguard.checkpoint.reader import read_manifest
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     place_hold,
@@ -41,10 +42,9 @@ from mouthguard.checkpoint.writer import (
 )
 from mouthguard.errors import (
     CheckpointNotFoundError,
-    MouthguardError,
 )
 from mouthguard.format import typed_json
-from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+from mouthguard.format.manifest import FileRecord, Manifest, TensorRecord
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
 from mouthguard.format.state_tree import FlatState, flatten_state
 from mouthguard.format.typed_json import JsonValue
@@ -327,7 +327,7 @@ class Checkpointer:
     def _after_commit(
         self, manifest: Manifest, level: Importance, *, save_seconds: float, stall_seconds: float
     ) -> CheckpointInfo:
-        """Log, pass the hint down, queue replication; the info returned to the caller."""
+        """Log, then :func:`~mouthguard.checkpoint.commit.after_commit`; the caller's info."""
         log.info(
             "saved %s step %d (%s, %d bytes, %s) in %.3f s, stalled %.3f s",
             self.run,
@@ -340,10 +340,7 @@ class Checkpointer:
         )
         tier = self.store.fast
         if self.ranks.is_coordinator:
-            self._hint(CopyRef(tier, self.run, manifest.step), level, manifest)
-            listener = self._listener()
-            if listener is not None:
-                listener.notify_commit(self.run, manifest.step)
+            after_commit(tier, manifest, self._listener())
         final = catalog.checkpoint_prefix(self.run, manifest.step)
         copy = CopyInfo(tier=tier.name, location=tier.location(final))
         return CheckpointInfo.from_manifest(
@@ -494,7 +491,7 @@ class Checkpointer:
         now = utc_now()
         for ref in self._copy_refs(step):
             write_importance(ref, level, reason or f"set to {level.value}", now)
-            self._hint(ref, level)
+            pass_hint_down(ref, level)
         return self._info_of_committed(step)
 
     def hold(self, step: int, name: str = "hold", *, reason: str = "") -> CheckpointInfo:
@@ -519,19 +516,6 @@ class Checkpointer:
         if not refs:
             raise CheckpointNotFoundError(f"no committed checkpoint {self.run} step {step}")
         return refs
-
-    def _hint(self, ref: CopyRef, level: Importance, manifest: Manifest | None = None) -> None:
-        """Pass the importance down to the storage (xattrs, object tags): advisory only.
-
-        ``manifest`` saves re-reading it when the caller has it (the save just wrote it).
-        """
-        try:
-            if manifest is None:
-                manifest = read_manifest(ref.tier, ref.run, ref.step)
-            for name in [*(f.name for f in manifest.files), MANIFEST_NAME]:
-                ref.tier.annotate(ref.key(name), {"importance": level.value})
-        except MouthguardError as exc:
-            log.info("could not pass the importance hint down for %s: %s", ref, exc)
 
     # --- load ------------------------------------------------------------------
 

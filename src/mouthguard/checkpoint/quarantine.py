@@ -2,7 +2,7 @@
 
 Every caller that wants a damaged copy out of the way goes through
 :func:`set_aside_confirmed`: a save that lands on a damaged step
-(:func:`mouthguard.checkpoint.committer.clear_the_way`), a copy whose destination
+(:func:`mouthguard.checkpoint.commit.clear_the_way`), a copy whose destination
 already holds a damaged copy or whose read-back failed (:mod:`mouthguard.jobs.copy`),
 and the replicator replacing a damaged copy from an intact one. A copy is set
 aside only when a second, independent read confirms proven damage

@@ -1,12 +1,11 @@
-"""Writing a checkpoint copy to one tier, and the commit protocol.
+"""Writing a checkpoint copy to one tier: rank files, then the manifest that commits them.
 
-Call order for one copy (single rank; the multi-rank coordinator calls the same
-pieces with a gather in between)::
+Call order for one copy (the save's coordinator runs it through
+:mod:`~mouthguard.checkpoint.commit`, every rank writes its own file)::
 
-    txn     = new_transaction_id()
     staging = staging_prefix(tier, run, step, txn)      # partial dir, or final prefix
     record  = write_rank_file(tier, staging, rank, flat) # streams + checksums inline
-    commit(tier, staging, final, manifest)               # manifest last => committed
+    commit_bytes(tier, staging, final, manifest bytes)   # manifest last => committed
 
 Commit protocol:
 
@@ -33,11 +32,10 @@ from mouthguard.checkpoint.catalog import checkpoint_prefix, partial_prefix, ran
 from mouthguard.errors import CheckpointExistsError, FormatError, ObjectExistsError
 from mouthguard.format.checksum import StreamHasher
 from mouthguard.format.dtypes import dtype_code
-from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, TensorRecord
 from mouthguard.format.rank_file import RankFileLayout, build_layout, byte_view
 from mouthguard.format.state_tree import FlatState
 from mouthguard.tiers.base import PutMode, StableChunks, Tier
-from mouthguard.tiers.key_material import Keyring
 from mouthguard.version import VERSION
 
 #: Slices small enough that a slice just checksummed is still in cache when written.
@@ -153,19 +151,14 @@ def file_records(
     return record, tensors
 
 
-def commit(
-    tier: Tier, staging: str, final: str, manifest: Manifest, keys: Keyring | None = None
-) -> None:
-    """Write the manifest (last, signed with ``keys`` if given); make the checkpoint visible.
+def commit_bytes(tier: Tier, staging: str, final: str, manifest_bytes: bytes) -> None:
+    """Write the manifest's exact bytes last, create-only; make the checkpoint visible.
+
+    Exact bytes, so a signature survives and replicas stay byte-identical.
 
     Raises:
         CheckpointExistsError: a committed checkpoint already holds ``final``.
     """
-    commit_bytes(tier, staging, final, manifest.to_bytes(keys))
-
-
-def commit_bytes(tier: Tier, staging: str, final: str, manifest_bytes: bytes) -> None:
-    """:func:`commit` with the manifest's exact bytes (replicas keep them byte-identical)."""
     try:
         tier.put(staging + MANIFEST_NAME, manifest_bytes, mode=PutMode.CREATE)
         if staging != final:

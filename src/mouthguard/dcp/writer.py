@@ -23,7 +23,9 @@ Call order (DCP's, with what each step does here)::
     5. (coordinator) finish(metadata, results) checks the set is complete, writes the
                                                manifest last: the commit
 
-The commit protocol is ``checkpoint/writer.py``'s: on POSIX tiers every rank
+The commit protocol is the Checkpointer's, through the same code
+(:mod:`mouthguard.checkpoint.commit`: ``clear_the_way`` in step 3,
+``commit_staged`` and ``after_commit`` in step 5): on POSIX tiers every rank
 writes into ``<run>/<step>.partial-<txn>/`` and the coordinator's manifest is
 followed by the rename to ``<run>/<step>/``; on object stores the manifest's
 create-only put under the final prefix is the commit.
@@ -32,9 +34,10 @@ Failure: DCP gathers every rank's ``write_data`` outcome before ``finish``; if a
 rank failed, ``finish`` is never called and DCP raises on every rank. ``finish``
 itself refuses to commit unless every rank 0..world_size-1 reported its rank file
 under this transaction and every chunk of the metadata has a stored location, and
-it checks each file's size on the tier. So a failed save commits nothing; what it
-leaves is a partial directory (or, on object stores, objects without a manifest)
-that ``Checkpointer.collect_garbage`` removes after its grace period.
+(with several ranks) it checks each file's size on the tier. So a failed save
+commits nothing: a failure in ``finish`` removes this transaction's staging, and
+one before it leaves a partial directory (or, on object stores, objects without
+a manifest) that ``Checkpointer.collect_garbage`` removes after its grace period.
 """
 
 from __future__ import annotations
@@ -53,36 +56,17 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.committer import clear_the_way
-from mouthguard.checkpoint.sidecars import CopyRef
+from mouthguard.checkpoint.commit import after_commit, clear_the_way, commit_staged
 from mouthguard.checkpoint.store import Store, open_store
-from mouthguard.checkpoint.writer import (
-    commit_bytes,
-    framework_versions,
-    staging_prefix,
-    utc_now,
-)
+from mouthguard.checkpoint.writer import framework_versions, staging_prefix, utc_now
 from mouthguard.dcp.ids import parse_checkpoint_id
 from mouthguard.dcp.metadata_json import StoredItem, decode_metadata, encode_metadata
 from mouthguard.dcp.rank_file import item_dtype, write_items
-from mouthguard.errors import (
-    CheckpointError,
-    CheckpointExistsError,
-    FormatError,
-    MouthguardError,
-    ObjectExistsError,
-)
+from mouthguard.errors import CheckpointError
 from mouthguard.format import typed_json
-from mouthguard.format.manifest import (
-    MANIFEST_NAME,
-    FileRecord,
-    Manifest,
-    TensorRecord,
-    parse_manifest,
-)
+from mouthguard.format.manifest import FileRecord, Manifest, TensorRecord
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
-from mouthguard.tiers.base import Tier
 
 log = logging.getLogger(__name__)
 
@@ -277,24 +261,28 @@ class Writer(StorageWriter):
             raise CheckpointError("finish() runs on the coordinator after prepare_global_plan()")
         self._target = None  # one finish per transaction, whatever happens
         tier = self.store.fast
-        staging = staging_prefix(tier, self.run, self.step, target.txn)
-        try:
-            manifest, raw = self._manifest(metadata, results, target)
-            _check_files_present(tier, staging, manifest.files)
-            commit_bytes(tier, staging, catalog.checkpoint_prefix(self.run, self.step), raw)
-        except BaseException as exc:
-            self._discard(tier, staging, target, exc)
-            raise
-        self._after_commit(tier, manifest)
+        manifest, _raw = commit_staged(
+            tier,
+            self.run,
+            self.step,
+            staging_prefix(tier, self.run, self.step, target.txn),
+            target.world_size,
+            lambda: self._manifest(metadata, results, target),
+            # Never commit what a reader would reject: the reader's checks, before the
+            # commit (this also proves every chunk of the metadata has a stored location).
+            validate=lambda parsed: decode_metadata(parsed.dcp, parsed),
+        )
+        log.info("committed DCP checkpoint %s step %d", self.run, self.step)
+        after_commit(tier, manifest, self.store.listener() if self.background else None)
 
     def _manifest(
         self, metadata: Metadata, results: list[list[WriteResult]], target: SaveTarget
-    ) -> tuple[Manifest, bytes]:
+    ) -> Manifest:
         files, tensors, stored = _collect(results, target)
         metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = stored
         metadata.storage_meta = self.storage_meta()
-        manifest = Manifest(
+        return Manifest(
             run=self.run,
             step=self.step,
             importance=self.importance,
@@ -307,36 +295,6 @@ class Writer(StorageWriter):
             reference=self.reference,
             dcp=encode_metadata(metadata),
         )
-        raw = manifest.to_bytes()
-        # Never commit what a reader would reject: the reader's checks, before the commit
-        # (this also proves every chunk of the metadata has a stored location).
-        decode_metadata(manifest.dcp, parse_manifest(raw))
-        return manifest, raw
-
-    def _discard(self, tier: Tier, staging: str, target: SaveTarget, exc: BaseException) -> None:
-        """Best-effort removal of an uncommitted save's files; GC gets anything missed."""
-        final = catalog.checkpoint_prefix(self.run, self.step)
-        if staging != final:
-            _quietly(tier.delete_prefix, staging)  # our own transaction's directory
-        elif not isinstance(exc, ObjectExistsError | CheckpointExistsError) and not (
-            tier.exists(final + MANIFEST_NAME)
-        ):
-            # No rename (object stores): the rank files sit under the final prefix; they
-            # go so a retry is not blocked. After a lost race they may be the winner's.
-            for rank in range(target.world_size):
-                _quietly(tier.delete, final + catalog.rank_file_name(rank))
-
-    def _after_commit(self, tier: Tier, manifest: Manifest) -> None:
-        ref = CopyRef(tier, self.run, self.step)
-        for name in [*(f.name for f in manifest.files), MANIFEST_NAME]:
-            try:  # advisory only (xattrs, object tags)
-                tier.annotate(ref.key(name), {"importance": manifest.importance.value})
-            except MouthguardError as exc:
-                log.info("could not pass the importance hint down for %s: %s", ref, exc)
-        log.info("committed DCP checkpoint %s step %d", self.run, self.step)
-        listener = self.store.listener() if self.background else None
-        if listener is not None:
-            listener.notify_commit(self.run, self.step)
 
 
 def _collect(
@@ -367,19 +325,3 @@ def _collect(
     files = tuple(r.file for r in ordered)
     tensors = tuple(t for r in ordered for t in r.tensors)
     return files, tensors, stored
-
-
-def _check_files_present(tier: Tier, staging: str, files: tuple[FileRecord, ...]) -> None:
-    for record in files:
-        size = tier.head(staging + record.name).size
-        if size != record.size:
-            raise FormatError(
-                f"{record.name} has {size} bytes in staging, its rank reported {record.size}"
-            )
-
-
-def _quietly(action: Any, key: str) -> None:
-    try:
-        action(key)
-    except MouthguardError as exc:
-        log.warning("could not clean up %s: %s", key, exc)
