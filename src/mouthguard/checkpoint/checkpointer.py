@@ -363,7 +363,7 @@ class Checkpointer:
         checkpoint counts as valid only if every rank could load its part.
         """
         if step is not None:
-            catalog.step_dir(step)
+            catalog.validate_step(step)
         loader = Loader(self.store, self.run, self.ranks, self.manifest_keys)
         # Every rank walks the coordinator's list, so all try the same steps in order.
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)

@@ -88,7 +88,7 @@ def clear_the_way(tier: Tier, run: str, step: int) -> str:
             raise CheckpointExistsError(
                 f"checkpoint {run} step {step} already exists (a second read found it intact)"
             )
-    return catalog.new_txn_id()
+    return catalog.new_transaction_id()
 
 
 @contextmanager

@@ -66,7 +66,7 @@ class SaveRequest:
     signing: Keyring | None = None
 
 
-def save_copy(
+def commit_save(
     tier: Tier, request: SaveRequest, write_rank: RankWriter, ranks: RankGroup
 ) -> Manifest:
     """Write and commit one checkpoint on ``tier`` (see the module docstring).

@@ -1,7 +1,7 @@
 """Describing checkpoints from what the tiers hold: ``CheckpointInfo``, ``UnreadableCheckpoint``.
 
 ``Checkpointer.info``/``list``/``unreadable`` (and through them ``ls``, ``show``,
-``doctor``) report what :mod:`~mouthguard.checkpoint.facts` gathers from every
+``doctor``) report what :mod:`~mouthguard.checkpoint.gathering` gathers from every
 tier, judged by the pure policy:
 
 * every copy with its receipt, trash mark and damage report; a tier whose
@@ -24,10 +24,10 @@ import logging
 from collections.abc import Iterable
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.facts import gather, tier_facts, unreadable_copies
+from mouthguard.checkpoint.gathering import gather, tier_facts, unreadable_copies
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, UnreadableCheckpoint
 from mouthguard.checkpoint.store import Store
-from mouthguard.policy.placement import plan_placement, protection_status
+from mouthguard.policy.placement import placement_for, protection_status
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def describe(store: Store, run: str, step: int) -> CheckpointInfo | None:
     )
     for tier, reason in view.unreachable:
         log.warning("%s step %d on tier %s: %s", run, step, tier.name, reason)
-    placement = plan_placement(view.facts.importance, tier_facts(store), store.policy)
+    placement = placement_for(view.facts.importance, tier_facts(store), store.policy)
     protection = protection_status(view.facts, placement)
     trashed = bool(copies) and all(c.trashed_at is not None for c in copies)
     state: str = protection.state

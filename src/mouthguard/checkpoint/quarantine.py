@@ -68,7 +68,7 @@ def _set_aside(ref: CopyRef, reason: str) -> bool:
     way the bytes stay for inspection and are never deleted automatically.
     """
     prefix = ref.prefix
-    aside = catalog.rejected_prefix(ref.run, ref.step, catalog.new_txn_id())
+    aside = catalog.rejected_prefix(ref.run, ref.step, catalog.new_transaction_id())
     if ref.tier.capabilities.atomic_rename:
         try:
             ref.tier.rename_prefix(prefix.rstrip("/"), aside.rstrip("/"))

@@ -6,7 +6,7 @@ One save, synchronous or not, runs the same steps::
     flatten the state; what the manifest records besides tensors (SaveRequest)
     [async: lay out the rank file, snapshot the state into the staging buffer, return]
     listener.save_started()                  background copies yield the disk
-    committer.save_copy(fast tier, ...)      every rank's file, then the manifest
+    committer.commit_save(fast tier, ...)    every rank's file, then the manifest
     listener.save_finished()                 also when the save failed
     after_commit: hint down, listener.notify_commit   (coordinator only)
     the CheckpointInfo handed back
@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
 from mouthguard.checkpoint.commit import after_commit
-from mouthguard.checkpoint.committer import RankWriter, SaveRequest, save_copy
+from mouthguard.checkpoint.committer import RankWriter, SaveRequest, commit_save
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.ranks import RankGroup
@@ -81,7 +81,7 @@ class SavePipeline:
     ) -> CheckpointInfo:
         """``Checkpointer.save``: committed and durable on the fast tier when it returns."""
         level = parse_importance(importance)
-        catalog.step_dir(step)
+        catalog.validate_step(step)
         self.saver.wait_previous()
         started = time.perf_counter()
         try:
@@ -115,7 +115,7 @@ class SavePipeline:
         """``Checkpointer.save_async``: returns once the state is snapshotted."""
         entered = time.perf_counter()
         level = parse_importance(importance)
-        catalog.step_dir(step)
+        catalog.validate_step(step)
         waited = self.saver.wait_previous()
         try:
             flat, request = self._request(step, state, level, reference)
@@ -183,7 +183,7 @@ class SavePipeline:
             def fail(_staging: str) -> tuple[FileRecord, list[TensorRecord]]:
                 raise exc
 
-            save_copy(self.store.fast, SaveRequest(self.run, step, level, None), fail, self.ranks)
+            commit_save(self.store.fast, SaveRequest(self.run, step, level, None), fail, self.ranks)
         raise exc
 
     def _file_metadata(self, step: int) -> dict[str, str]:
@@ -200,7 +200,7 @@ class SavePipeline:
         if listener is not None:
             listener.save_started()  # background copies yield the disk to this burst
         try:
-            return save_copy(self.store.fast, request, write_rank, self.ranks)
+            return commit_save(self.store.fast, request, write_rank, self.ranks)
         finally:
             if listener is not None:
                 listener.save_finished()

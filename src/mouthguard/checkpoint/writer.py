@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 
-from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.catalog import checkpoint_prefix, partial_prefix, rank_file_name
 from mouthguard.errors import CheckpointExistsError, FormatError, ObjectExistsError
 from mouthguard.format.checksum import StreamHasher
@@ -43,11 +42,6 @@ WRITE_CHUNK_BYTES = 8 * 1024 * 1024
 #: Slices of a staging image: large, because the image is written in place (no copy)
 #: and each slice is hashed while the previous one is on its way to the disk.
 IMAGE_CHUNK_BYTES = 64 * 1024 * 1024
-
-
-def new_transaction_id() -> str:
-    """A random id naming one save attempt's staging area."""
-    return catalog.new_txn_id()
 
 
 def staging_prefix(tier: Tier, run: str, step: int, txn: str) -> str:

@@ -38,7 +38,7 @@ from rich.table import Table
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
-from mouthguard.checkpoint.facts import gather
+from mouthguard.checkpoint.gathering import gather
 from mouthguard.checkpoint.info import CheckpointInfo
 from mouthguard.checkpoint.store import Store
 from mouthguard.cli.argtypes import COUNT, POSITIVE, STEP

@@ -105,7 +105,7 @@ class Reader(StorageReader):
         self.store = store if isinstance(store, Store) else open_store(store, create=False)
         self.run = catalog.validate_run(run)
         if step is not None:
-            catalog.step_dir(step)
+            catalog.validate_step(step)
         self.step = step
         self.trust_bytes_items = trust_bytes_items
         self.load_id = uuid.uuid4().hex

@@ -123,7 +123,7 @@ class Writer(StorageWriter):
         super().__init__()
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
-        catalog.step_dir(step)
+        catalog.validate_step(step)
         self.step = step
         self.importance = parse_importance(importance)
         self.with_sha256 = with_sha256

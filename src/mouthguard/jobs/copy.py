@@ -38,7 +38,7 @@ from mouthguard.checkpoint.sidecars import (
     write_receipt,
 )
 from mouthguard.checkpoint.verification import verify_and_record
-from mouthguard.checkpoint.writer import commit_bytes, new_transaction_id, staging_prefix
+from mouthguard.checkpoint.writer import commit_bytes, staging_prefix
 from mouthguard.errors import (
     CheckpointExistsError,
     ChecksumMismatchError,
@@ -140,7 +140,7 @@ def copy_checkpoint(
     dst_ref = CopyRef(dst, run, step)
     if dst.exists(catalog.manifest_key(run, step)):
         _clear_destination(dst_ref)
-    staging = staging_prefix(dst, run, step, new_transaction_id())
+    staging = staging_prefix(dst, run, step, catalog.new_transaction_id())
     final = catalog.checkpoint_prefix(run, step)
     try:
         for record in manifest.files:
