@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import torch
+from typing_extensions import override
 
 import mouthguard
 from mouthguard.checkpoint.listeners import CheckpointListener
@@ -77,21 +78,27 @@ class RecordingListener(CheckpointListener):
     def __init__(self) -> None:
         self.events: list[tuple[object, ...]] = []
 
+    @override
     def save_started(self) -> None:
         self.events.append(("started",))
 
+    @override
     def save_finished(self) -> None:
         self.events.append(("finished",))
 
+    @override
     def announce(self, seconds_until_save: float, nbytes: int) -> None:
         self.events.append(("announce", seconds_until_save, nbytes))
 
+    @override
     def notify_commit(self, run: str, step: int) -> None:
         self.events.append(("commit", run, step))
 
+    @override
     def request_repair(self, run: str, step: int) -> None:
         self.events.append(("repair", run, step))
 
+    @override
     def wait_idle(self, timeout: float) -> bool:
         self.events.append(("wait", timeout))
         return True

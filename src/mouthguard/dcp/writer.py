@@ -54,6 +54,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
+from typing_extensions import override
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.commit import after_commit, clear_the_way, commit_staged
@@ -143,6 +144,7 @@ class Writer(StorageWriter):
         """``<run>/<step:012d>``: the checkpoint this writer saves."""
         return f"{self.run}/{catalog.step_dir(self.step)}"
 
+    @override
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         """Whether ``checkpoint_id`` is a ``<run>/<step>`` id this writer accepts."""
@@ -152,6 +154,7 @@ class Writer(StorageWriter):
             return False
         return step is not None
 
+    @override
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new save; ``checkpoint_id`` (``<run>/<step>``) retargets the writer."""
         if checkpoint_id is not None:
@@ -162,12 +165,14 @@ class Writer(StorageWriter):
         self.save_id = uuid.uuid4().hex
         self._target = None
 
+    @override
     def storage_meta(self) -> StorageMeta | None:
         """Recorded in the metadata: which checkpoint and which save attempt."""
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
 
     # --- planning ----------------------------------------------------------------
 
+    @override
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record this rank's role. ``use_collectives=False`` is refused.
 
@@ -183,12 +188,14 @@ class Writer(StorageWriter):
         self.rank = rank if isinstance(rank, int) else None
         self._target = None
 
+    @override
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Refuse what cannot be stored before any rank writes a byte."""
         for item in plan.items:
             item_dtype(item)
         return plan
 
+    @override
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Choose the shared transaction and tell every rank its file (coordinator only).
 
@@ -205,6 +212,7 @@ class Writer(StorageWriter):
 
     # --- writing -----------------------------------------------------------------
 
+    @override
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Stream this rank's items into ONE rank file in the shared staging prefix.
 
@@ -248,6 +256,7 @@ class Writer(StorageWriter):
 
     # --- commit ------------------------------------------------------------------
 
+    @override
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Commit: check the set is complete, then write the manifest last (coordinator).
 

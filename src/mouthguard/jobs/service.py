@@ -29,6 +29,8 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 
+from typing_extensions import override
+
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.store import Store
 from mouthguard.jobs.burst import BurstGate
@@ -135,18 +137,22 @@ class BackgroundService(CheckpointListener):
 
     # --- what checkpointers report (CheckpointListener) -------------------------
 
+    @override
     def save_started(self) -> None:
         """A save's burst begins: copies wait at their next chunk boundary."""
         self.gate.save_started()
 
+    @override
     def save_finished(self) -> None:
         """The save's burst is over: copies may resume."""
         self.gate.save_finished()
 
+    @override
     def announce(self, seconds_until_save: float, nbytes: int) -> None:
         """A save is coming: copies yield ahead of it (see :class:`BurstGate`)."""
         self.gate.announce(seconds_until_save, nbytes)
 
+    @override
     def notify_commit(self, run: str, step: int) -> None:
         """A checkpoint committed: replicate it soon (newest commits first).
 
@@ -160,6 +166,7 @@ class BackgroundService(CheckpointListener):
             self._last_commit = now
         self._enqueue(run, step)
 
+    @override
     def request_repair(self, run: str, step: int) -> None:
         """A copy was found damaged: the replicator confirms it and makes a new one, soon.
 
@@ -172,8 +179,8 @@ class BackgroundService(CheckpointListener):
             self._queue.appendleft((run, step))
             self._cond.notify_all()
 
+    @override
     def wait_idle(self, timeout: float) -> bool:
-        """Block until nothing is queued or being copied; False once ``timeout`` passed."""
         deadline = self.clock.monotonic() + timeout
         with self._cond:
             while self._queue or self._busy or self._full_pass_pending:
