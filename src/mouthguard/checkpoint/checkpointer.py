@@ -11,7 +11,6 @@ commit under it), finding and loading a valid copy in
 from __future__ import annotations
 
 import builtins
-import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
@@ -43,9 +42,6 @@ from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
-
-log = logging.getLogger(__name__)
-
 
 #: Partial saves younger than this are assumed to be still in flight.
 DEFAULT_GRACE_SECONDS = 3600.0

@@ -28,7 +28,6 @@ object store); a rank file the coordinator cannot see fails the save.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,8 +45,6 @@ from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
-
-log = logging.getLogger(__name__)
 
 #: Writes this rank's file into a staging prefix; returns its manifest records.
 RankWriter = Callable[[str], tuple[FileRecord, list[TensorRecord]]]
