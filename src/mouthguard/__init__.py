@@ -9,8 +9,6 @@ The public API::
     loaded = ckpt.load()            # newest valid checkpoint, verified
 """
 
-__version__ = "0.1.0"
-
 from mouthguard.checkpoint import (
     Checkpointer,
     CheckpointInfo,
@@ -25,6 +23,13 @@ from mouthguard.checkpoint import (
 )
 from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
 from mouthguard.policy.importance import Importance
+from mouthguard.version import VERSION
+from mouthguard.wiring import install as _install_listeners
+
+__version__ = VERSION
+
+# Every store's saves and commits reach the background service (see wiring.py).
+_install_listeners()
 
 __all__ = [
     "CheckpointFallbackWarning",

@@ -7,8 +7,10 @@ import math
 from pathlib import Path
 
 import torch
+from typing_extensions import override
 
 import mouthguard
+from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.errors import TierError
 from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, TierCapabilities
 from mouthguard.tiers.memory import MemoryTier
@@ -68,3 +70,35 @@ def assert_same(a: object, b: object) -> None:
         assert isinstance(b, float) and math.isnan(b)
     else:
         assert a == b
+
+
+class RecordingListener(CheckpointListener):
+    """A store listener that records every event, in order; idle at once."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+
+    @override
+    def save_started(self) -> None:
+        self.events.append(("started",))
+
+    @override
+    def save_finished(self) -> None:
+        self.events.append(("finished",))
+
+    @override
+    def announce(self, seconds_until_save: float, nbytes: int) -> None:
+        self.events.append(("announce", seconds_until_save, nbytes))
+
+    @override
+    def notify_commit(self, run: str, step: int) -> None:
+        self.events.append(("commit", run, step))
+
+    @override
+    def request_repair(self, run: str, step: int) -> None:
+        self.events.append(("repair", run, step))
+
+    @override
+    def wait_idle(self, timeout: float) -> bool:
+        self.events.append(("wait", timeout))
+        return True

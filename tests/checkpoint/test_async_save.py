@@ -136,7 +136,7 @@ def test_sync_save_after_async_commits_in_order(tmp_path: Path) -> None:
 def test_the_staging_buffer_is_reused_not_regrown(ckpt: mouthguard.Checkpointer) -> None:
     state = _state()
     ckpt.save_async(1, state).result(timeout=60)
-    staging = ckpt._saver.staging
+    staging = ckpt._saves.saver.staging
     capacity = staging.capacity
     pointer = staging.reserve(1, pinned=False).data_ptr()
     for step in range(2, 6):

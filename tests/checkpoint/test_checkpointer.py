@@ -303,7 +303,7 @@ def test_a_checkpointer_is_a_context_manager_that_closes(tmp_path: Path) -> None
         handle = ckpt.save_async(1, {"w": torch.ones(8)})
     # Leaving the block finished the save in flight and freed the staging buffer.
     assert handle.done() and handle.result().step == 1
-    assert ckpt._saver.staging.capacity == 0
+    assert ckpt._saves.saver.staging.capacity == 0
 
 
 def test_a_fallback_is_reported_once(

@@ -29,7 +29,8 @@ from mouthguard.errors import (
 )
 from mouthguard.format.manifest import parse_manifest
 from mouthguard.jobs.replicator import Replicator
-from tests.checkpoint.helpers import NoRenameTier, flip_byte
+from mouthguard.tiers.local import LocalTier
+from tests.checkpoint.helpers import NoRenameTier, RecordingListener, flip_byte
 from tests.dcp import workers
 from tests.dcp.conftest import Saved
 from tests.dcp.helpers import failure_of, load_one_rank, save_one_rank, zeros_like_state
@@ -292,3 +293,12 @@ def test_object_store_commit_is_the_manifest_and_failures_clean_up() -> None:
     save_one_rank(store, 2, {"w": torch.ones(5), "n": 4})
     load_one_rank(store, state := {"w": torch.zeros(5), "n": None})
     assert torch.equal(state["w"], torch.ones(5)) and state["n"] == 4
+
+
+def test_a_dcp_commit_is_told_to_the_stores_listener(tmp_path: Path) -> None:
+    recorder = RecordingListener()
+    tiers = [LocalTier(tmp_path / n, name=n, domain=n) for n in ("fast", "durable")]
+    store = Store(tiers, listener=lambda _s: recorder)
+    save_one_rank(store, 1, {"w": torch.ones(2)}, background=None)  # default: two tiers
+    save_one_rank(store, 2, {"w": torch.ones(2)}, background=False)
+    assert recorder.events == [("commit", "r", 1)]

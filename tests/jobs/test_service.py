@@ -127,3 +127,40 @@ def test_the_service_shares_its_clock(two_tier: mouthguard.Store) -> None:
     clock = FakeClock()
     service = BackgroundService(two_tier, clock=clock)
     assert service.gate.clock is clock and service.replicator.clock is clock
+
+
+def test_repair_requests_do_not_count_as_saves(
+    two_tier: mouthguard.Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mouthguard.jobs.copy import CopyResult  # noqa: PLC0415
+    from mouthguard.jobs.replicator import ReplicationReport  # noqa: PLC0415
+    from mouthguard.jobs.service import BackgroundService  # noqa: PLC0415
+
+    clock = FakeClock()
+    service = BackgroundService(two_tier, clock=clock)  # not started: driven by hand
+    service.notify_commit("r", 1)
+    clock.advance(600.0)
+    service.notify_commit("r", 2)  # saves ten minutes apart
+    interval = service._commit_interval
+    assert interval == 600.0
+    for step in (1, 2):  # load() and scrub found damage moments later
+        clock.advance(0.05)
+        service.request_repair("r", step)
+    assert service._commit_interval == interval
+    assert service.status().queued == 4  # the repairs are queued all the same
+    # ~8 s per copy, five copies' worth of backlog: well inside ten minutes between saves.
+    slow = CopyResult("r", 1, "fast", "durable", nbytes=64 << 20, seconds=8.0, yielded_seconds=0.0)
+    with caplog.at_level("WARNING"):
+        service._record(ReplicationReport(copies=[slow]))
+    assert service.status().backlog_warning is None
+    assert "falling behind" not in caplog.text
+
+
+def test_the_service_is_the_stores_listener(two_tier: mouthguard.Store) -> None:
+    # The wiring (mouthguard/wiring.py) makes it so for every store, without the
+    # checkpoint layer importing jobs.
+    assert two_tier.listener() is service_for(two_tier)
+    from mouthguard.checkpoint.store import Store  # noqa: PLC0415
+
+    plain = Store(two_tier.tiers)  # made below the top-level package: wired all the same
+    assert plain.listener() is service_for(plain)

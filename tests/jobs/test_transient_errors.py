@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mouthguard
-from mouthguard.checkpoint.facts import gather
+from mouthguard.checkpoint.gathering import gather
 from mouthguard.checkpoint.sidecars import CopyRef, report_damage
 from mouthguard.errors import TierError
 from mouthguard.jobs.copy import copy_checkpoint

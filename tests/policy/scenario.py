@@ -30,7 +30,7 @@ from mouthguard.policy import (
     decide_deletions,
     decide_retention,
     parse_importance,
-    plan_placement,
+    placement_for,
     protection_status,
 )
 
@@ -94,7 +94,7 @@ def render(scenario: Json) -> Json:
     checkpoints = checkpoints_from(scenario["checkpoints"], tiers)
     now = scenario["now"]
     levels = [level for level in Importance if any(c.importance is level for c in checkpoints)]
-    placements = {level: plan_placement(level, tiers, config) for level in levels}
+    placements = {level: placement_for(level, tiers, config) for level in levels}
     by_key = {c.key: c for c in checkpoints}
     outcome = []
     for decision in decide_retention(checkpoints, config, now=now):

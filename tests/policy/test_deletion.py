@@ -18,7 +18,7 @@ from mouthguard.policy import (
     TierFacts,
     decide_deletions,
     decide_retention,
-    plan_placement,
+    placement_for,
 )
 from tests.policy.scenario import copy, tier
 
@@ -57,7 +57,7 @@ def act(
     tiers: Sequence[TierFacts] = TIERS,
     now: float = NOW,
 ) -> dict[str, tuple[str, str]]:
-    placement = plan_placement(c.importance, tiers, config)
+    placement = placement_for(c.importance, tiers, config)
     actions = decide_deletions(c, retention, placement, config, now=now)
     return {a.tier: (a.action, a.reason) for a in actions}
 
@@ -210,7 +210,7 @@ def test_transient_lives_on_fast_until_retention_drops_it() -> None:
 
 def test_copies_on_unconfigured_tiers_are_left_alone() -> None:
     c = ckpt(FAST_V, copy("tape", "vault", verified=True))
-    actions = decide_deletions(c, verdict(False), plan_placement(R, TIERS, CONFIG), CONFIG, NOW)
+    actions = decide_deletions(c, verdict(False), placement_for(R, TIERS, CONFIG), CONFIG, NOW)
     assert actions == [
         CopyAction("fast", "trash", "not kept (dropped for the test); purge after 1d in trash"),
         CopyAction("tape", "keep", "tier tape is not configured: left alone"),
@@ -227,7 +227,7 @@ def test_mismatched_inputs_are_programming_errors() -> None:
     with pytest.raises(ValueError, match="is not for r/1"):
         act(c, verdict(True, step=2))
     with pytest.raises(ValueError, match="placement for milestone"):
-        decide_deletions(c, verdict(True), plan_placement(M, TIERS, CONFIG), CONFIG, NOW)
+        decide_deletions(c, verdict(True), placement_for(M, TIERS, CONFIG), CONFIG, NOW)
 
 
 # --- the safety invariants over random stores -----------------------------------
@@ -303,7 +303,7 @@ def test_safety_invariants(
     by_key = {c.key: c for c in ckpts}
     for decision in decide_retention(ckpts, config, now=now):
         c = by_key[decision.key]
-        placement = plan_placement(c.importance, tiers, config)
+        placement = placement_for(c.importance, tiers, config)
         actions = decide_deletions(c, decision, placement, config, now=now)
         assert sorted(a.tier for a in actions) == sorted(x.tier for x in c.copies)
         assert all(a.reason for a in actions)

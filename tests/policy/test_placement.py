@@ -9,7 +9,7 @@ from mouthguard.policy import (
     CopyFacts,
     Importance,
     PolicyConfig,
-    plan_placement,
+    placement_for,
     protection_status,
 )
 from tests.policy.scenario import copy, tier
@@ -26,7 +26,7 @@ def ckpt(importance: Importance, *copies: CopyFacts, valid: bool | None = True) 
 
 
 def test_routine_takes_fast_then_a_new_domain() -> None:
-    p = plan_placement(Importance.ROUTINE, [FAST, NFS, S3], CONFIG)
+    p = placement_for(Importance.ROUTINE, [FAST, NFS, S3], CONFIG)
     assert p.targets == ("fast", "nfs")
     assert (p.required_copies, p.required_domains, p.satisfiable) == (2, 2, True)
     assert p.missing == ()
@@ -36,13 +36,13 @@ def test_routine_takes_fast_then_a_new_domain() -> None:
 
 def test_greedy_prefers_a_new_failure_domain_over_configured_order() -> None:
     same = tier("nfs", "node-a")
-    p = plan_placement(Importance.ROUTINE, [FAST, same, S3], CONFIG)
+    p = placement_for(Importance.ROUTINE, [FAST, same, S3], CONFIG)
     assert p.targets == ("fast", "s3")
     assert p.satisfiable
 
 
 def test_critical_targets_every_durable_tier_and_legal_hold_where_supported() -> None:
-    p = plan_placement(Importance.CRITICAL, [RAM, tier("nvme", "node-a"), NFS, S3], CONFIG)
+    p = placement_for(Importance.CRITICAL, [RAM, tier("nvme", "node-a"), NFS, S3], CONFIG)
     assert p.targets == ("ram", "nvme", "nfs", "s3")
     assert p.required_copies == 3 and p.every_tier == ("nvme", "nfs", "s3")
     assert p.verify and p.legal_hold and p.satisfiable
@@ -50,13 +50,13 @@ def test_critical_targets_every_durable_tier_and_legal_hold_where_supported() ->
 
 
 def test_critical_without_object_lock_says_so() -> None:
-    p = plan_placement(Importance.CRITICAL, [FAST, NFS], CONFIG)
+    p = placement_for(Importance.CRITICAL, [FAST, NFS], CONFIG)
     assert p.satisfiable
     assert any("no target supports object lock" in r for r in p.reasons)
 
 
 def test_ram_copies_are_not_replicas() -> None:
-    p = plan_placement(Importance.MILESTONE, [RAM, NFS, S3], CONFIG)
+    p = placement_for(Importance.MILESTONE, [RAM, NFS, S3], CONFIG)
     assert p.targets == ("ram", "nfs", "s3")
     assert p.counted_tiers == ("nfs", "s3")
     status = protection_status(
@@ -72,7 +72,7 @@ def test_ram_copies_are_not_replicas() -> None:
 
 
 def test_single_domain_is_unsatisfiable_and_says_what_is_missing() -> None:
-    p = plan_placement(Importance.ROUTINE, [FAST, tier("nfs", "node-a")], CONFIG)
+    p = placement_for(Importance.ROUTINE, [FAST, tier("nfs", "node-a")], CONFIG)
     assert not p.satisfiable
     assert p.targets == ("fast", "nfs")  # best effort, never silently "enough"
     assert p.missing == p.reasons[-1:]
@@ -83,7 +83,7 @@ def test_single_domain_is_unsatisfiable_and_says_what_is_missing() -> None:
 
 
 def test_too_few_tiers_is_unsatisfiable() -> None:
-    p = plan_placement(Importance.MILESTONE, [FAST], CONFIG)
+    p = placement_for(Importance.MILESTONE, [FAST], CONFIG)
     assert not p.satisfiable
     assert (
         "unsatisfiable: milestone needs 2 replicas on durable tiers but the store has "
@@ -92,7 +92,7 @@ def test_too_few_tiers_is_unsatisfiable() -> None:
 
 
 def test_no_tiers() -> None:
-    p = plan_placement(Importance.TRANSIENT, [], CONFIG)
+    p = placement_for(Importance.TRANSIENT, [], CONFIG)
     assert not p.satisfiable and p.targets == ()
     assert p.reasons == ("unsatisfiable: the store has no tiers",)
 
@@ -100,36 +100,36 @@ def test_no_tiers() -> None:
 def test_transient_is_one_copy_on_fast_synced_as_the_tier_does() -> None:
     # Durability is the fast tier's at every level: the local tier fsyncs transient
     # saves too, and the reasons (what doctor prints) must say so, not "no fsync".
-    p = plan_placement(Importance.TRANSIENT, [NFS, FAST, S3], CONFIG)
+    p = placement_for(Importance.TRANSIENT, [NFS, FAST, S3], CONFIG)
     assert p.targets == ("fast",)
     assert (p.required_copies, p.verify, p.satisfiable) == (1, False, True)
     assert (
         p.reasons[-1] == "a save is on stable storage before it is acknowledged (fast is durable)"
     )
-    on_ram = plan_placement(Importance.TRANSIENT, [RAM, NFS], CONFIG)
+    on_ram = placement_for(Importance.TRANSIENT, [RAM, NFS], CONFIG)
     assert on_ram.reasons[-1] == (
         "a save is not on stable storage when acknowledged (ram is not durable)"
     )
 
 
 def test_first_tier_is_fast_when_none_is_marked() -> None:
-    p = plan_placement(Importance.ROUTINE, [NFS, S3], CONFIG)
+    p = placement_for(Importance.ROUTINE, [NFS, S3], CONFIG)
     assert p.fast_tier == "nfs" and p.targets == ("nfs", "s3")
 
 
 def test_distinct_domains_off_allows_one_domain() -> None:
     config = PolicyConfig.from_toml({"routine": {"distinct_domains": False}})
-    p = plan_placement(Importance.ROUTINE, [FAST, tier("nfs", "node-a")], config)
+    p = placement_for(Importance.ROUTINE, [FAST, tier("nfs", "node-a")], config)
     assert p.satisfiable and p.required_domains == 1
 
 
 def test_duplicate_tier_names_are_a_programming_error() -> None:
     with pytest.raises(ValueError, match="unique"):
-        plan_placement(Importance.ROUTINE, [FAST, FAST], CONFIG)
+        placement_for(Importance.ROUTINE, [FAST, FAST], CONFIG)
 
 
 def test_protection_states() -> None:
-    p = plan_placement(Importance.MILESTONE, [FAST, NFS, S3], CONFIG)
+    p = placement_for(Importance.MILESTONE, [FAST, NFS, S3], CONFIG)
     assert protection_status(ckpt(Importance.MILESTONE), p).state == "missing"
     committed = ckpt(Importance.MILESTONE, copy("fast", "node-a"), copy("nfs", "rack-b"))
     status = protection_status(committed, p)
@@ -149,13 +149,13 @@ def test_protection_states() -> None:
 
 
 def test_trashed_copies_do_not_count() -> None:
-    p = plan_placement(Importance.ROUTINE, [FAST, NFS], CONFIG)
+    p = placement_for(Importance.ROUTINE, [FAST, NFS], CONFIG)
     c = ckpt(Importance.ROUTINE, copy("fast", "node-a"), copy("nfs", "rack-b", trashed_at=5.0))
     assert protection_status(c, p).state == "committed"
 
 
 def test_invalid_checkpoint_is_never_protected() -> None:
-    p = plan_placement(Importance.ROUTINE, [FAST, NFS], CONFIG)
+    p = placement_for(Importance.ROUTINE, [FAST, NFS], CONFIG)
     c = ckpt(Importance.ROUTINE, copy("fast", "node-a"), copy("nfs", "rack-b"), valid=False)
     status = protection_status(c, p)
     assert status.state == "committed"
@@ -163,7 +163,7 @@ def test_invalid_checkpoint_is_never_protected() -> None:
 
 
 def test_critical_needs_every_durable_tier_off_fast() -> None:
-    p = plan_placement(Importance.CRITICAL, [FAST, NFS, S3], CONFIG)
+    p = placement_for(Importance.CRITICAL, [FAST, NFS, S3], CONFIG)
     c = ckpt(
         Importance.CRITICAL,
         copy("fast", "node-a", verified=True),
@@ -178,7 +178,19 @@ def test_critical_needs_every_durable_tier_off_fast() -> None:
 
 
 def test_protection_does_not_depend_on_copy_order() -> None:
-    p = plan_placement(Importance.ROUTINE, [FAST, NFS, S3], CONFIG)
+    p = placement_for(Importance.ROUTINE, [FAST, NFS, S3], CONFIG)
     a = ckpt(Importance.ROUTINE, copy("s3", "region-c"), copy("fast", "node-a"))
     b = ckpt(Importance.ROUTINE, copy("fast", "node-a"), copy("s3", "region-c"))
     assert protection_status(a, p) == protection_status(b, p)
+
+
+def test_the_old_name_still_works_with_a_deprecation_warning() -> None:
+    import mouthguard.policy  # noqa: PLC0415
+
+    with pytest.warns(
+        DeprecationWarning, match="plan_placement is deprecated; use .*placement_for"
+    ):
+        from mouthguard.policy import plan_placement  # noqa: PLC0415
+    assert plan_placement is mouthguard.policy.placement_for
+    with pytest.raises(AttributeError, match="no_such_name"):
+        mouthguard.policy.no_such_name  # noqa: B018

@@ -45,11 +45,16 @@ def validate_run(run: str) -> str:
         ) from None
 
 
-def step_dir(step: int) -> str:
-    """Directory name of ``step`` (zero padded so names sort by step)."""
+def validate_step(step: int) -> int:
+    """Return ``step`` if it is a valid step (an integer in [0, 10**12)), else raise ValueError."""
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**12:
         raise ValueError(f"invalid step {step!r}: must be an integer in [0, 10**12)")
-    return f"{step:012d}"
+    return step
+
+
+def step_dir(step: int) -> str:
+    """Directory name of a valid ``step`` (zero padded so names sort by step)."""
+    return f"{validate_step(step):012d}"
 
 
 def checkpoint_prefix(run: str, step: int) -> str:
@@ -67,7 +72,7 @@ def partial_prefix(run: str, step: int, txn: str) -> str:
     return f"{validate_run(run)}/{step_dir(step)}.partial-{txn}/"
 
 
-def new_txn_id() -> str:
+def new_transaction_id() -> str:
     """A random id naming one attempt (a save's staging area, a set-aside copy)."""
     return uuid.uuid4().hex
 

@@ -1,65 +1,47 @@
-"""``Checkpointer``: save, list and load verified checkpoints of one run."""
+"""``Checkpointer``: save, list and load verified checkpoints of one run.
+
+This module is the public API and its contracts. The work is elsewhere, one job
+per module: the save pipeline in :mod:`~mouthguard.checkpoint.saving` (and the
+commit under it), finding and loading a valid copy in
+:mod:`~mouthguard.checkpoint.loading`, describing a checkpoint from its copies in
+:mod:`~mouthguard.checkpoint.describe`, the layout on a tier in
+:mod:`~mouthguard.checkpoint.catalog`.
+"""
 
 from __future__ import annotations
 
 import builtins
-import datetime as dt
-import logging
 import os
-import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
-from mouthguard.checkpoint.committer import RankWriter, SaveRequest, save_copy
-from mouthguard.checkpoint.facts import gather, tier_facts, unreadable_copies
+from mouthguard.checkpoint.async_save import SaveHandle
+from mouthguard.checkpoint.describe import describe, unreadable_checkpoints
+from mouthguard.checkpoint.hints import pass_hint_down
 from mouthguard.checkpoint.info import (
     CheckpointInfo,
-    CopyInfo,
     LoadedCheckpoint,
     Rejection,
     UnreadableCheckpoint,
 )
+from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.loading import Loader
 from mouthguard.checkpoint.ranks import detect_ranks
-from mouthguard.checkpoint.reader import read_manifest
+from mouthguard.checkpoint.saving import SavePipeline
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     place_hold,
     release_hold,
     write_importance,
 )
-from mouthguard.checkpoint.staging import needs_pinned, snapshot
 from mouthguard.checkpoint.store import Store, open_store
-from mouthguard.checkpoint.writer import (
-    layout_for,
-    utc_now,
-    write_rank_file,
-    write_rank_image,
-)
-from mouthguard.errors import (
-    CheckpointNotFoundError,
-    MouthguardError,
-)
-from mouthguard.format import typed_json
-from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+from mouthguard.checkpoint.writer import utc_now
+from mouthguard.errors import CheckpointNotFoundError
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
-from mouthguard.format.state_tree import FlatState, flatten_state
-from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
-from mouthguard.policy.placement import plan_placement, protection_status
 from mouthguard.tiers.base import Tier
-
-if TYPE_CHECKING:
-    from mouthguard.jobs.service import BackgroundService
-
-log = logging.getLogger(__name__)
-
-
-def _datetime(timestamp: float | None) -> dt.datetime | None:
-    return None if timestamp is None else dt.datetime.fromtimestamp(timestamp, dt.UTC)
-
+from mouthguard.tiers.key_material import Keyring
 
 #: Partial saves younger than this are assumed to be still in flight.
 DEFAULT_GRACE_SECONDS = 3600.0
@@ -109,20 +91,39 @@ class Checkpointer:
     ) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
-        self.manifest_keys = (
+        keys = (
             manifest_keys(signing_key)
             if signing_key is not None
             else self.store.manifest_keys or keys_from_env()
         )
-        # A signature vouches for the files only through their sha256.
-        self.with_sha256 = with_sha256 or self.manifest_keys is not None
         self.ranks = detect_ranks(group)
         # Replication runs in-process by default wherever there is a second tier;
         # one replicator per job is enough, so only on the coordinator.
         if background is None:
             background = len(self.store.tiers) > 1 and self.ranks.is_coordinator
         self.background = background
-        self._saver = AsyncSaver(self.run)
+        # A signature vouches for the files only through their sha256.
+        self._saves = SavePipeline(
+            self.store, self.run, self.ranks, keys, with_sha256 or keys is not None, self._listener
+        )
+
+    @property
+    def manifest_keys(self) -> Keyring | None:
+        """The keys saves sign with and loads require (None: unsigned, signatures ignored)."""
+        return self._saves.manifest_keys
+
+    @manifest_keys.setter
+    def manifest_keys(self, keys: Keyring | None) -> None:
+        self._saves.manifest_keys = keys
+
+    @property
+    def with_sha256(self) -> bool:
+        """Whether saves record every file's sha256 (always with signing keys)."""
+        return self._saves.with_sha256
+
+    @with_sha256.setter
+    def with_sha256(self, value: bool) -> None:
+        self._saves.with_sha256 = value
 
     # --- save ------------------------------------------------------------------
 
@@ -155,30 +156,7 @@ class Checkpointer:
             RankFailedError: another rank failed (nothing was committed).
             TierError: the tier failed (the partial save is removed).
         """
-        level = parse_importance(importance)
-        catalog.step_dir(step)
-        self._saver.wait_previous()
-        started = time.perf_counter()
-        try:
-            flat, request = self._request(step, state, level, reference)
-        except Exception as exc:
-            self._fail_with_peers(step, level, exc)
-            raise
-        tier = self.store.fast
-
-        def write_rank(staging: str) -> tuple[FileRecord, builtins.list[TensorRecord]]:
-            return write_rank_file(
-                tier,
-                staging,
-                rank=self.ranks.rank,
-                flat=flat,
-                metadata=self._file_metadata(step),
-                with_sha256=self.with_sha256,
-            )
-
-        manifest = self._commit_on_fast(request, write_rank)
-        elapsed = time.perf_counter() - started
-        return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=elapsed)
+        return self._saves.save(step, state, importance, reference)
 
     def save_async(
         self,
@@ -205,53 +183,11 @@ class Checkpointer:
             UnsupportedStateError: ``state`` holds something that needs pickle
                 (raised here, before anything runs in the background).
         """
-        entered = time.perf_counter()
-        level = parse_importance(importance)
-        catalog.step_dir(step)
-        waited = self._saver.wait_previous()
-        try:
-            flat, request = self._request(step, state, level, reference)
-            layout = layout_for(flat, self._file_metadata(step))
-            image = self._saver.staging.reserve(layout.size, pinned=needs_pinned(flat))
-            snapshot(flat, layout, image)
-        except Exception as exc:
-            if self.ranks.world_size > 1:
-                # The peers' background jobs are entering the commit collectives:
-                # join them with the failure, in the background like theirs.
-                failure = exc
-                failed = self._saver.submit(
-                    self.run,
-                    step,
-                    lambda: self._fail_with_peers(step, level, failure),
-                    Snapshot(0, 0),
-                )
-                failed.wait()
-            raise
-        del flat  # the background job needs the layout and the image, not the state
-        stall = time.perf_counter() - entered
-        log.info("%s step %d snapshotted in %.3f s (waited %.3f s)", self.run, step, stall, waited)
-        tier = self.store.fast
-
-        def write_rank(staging: str) -> tuple[FileRecord, builtins.list[TensorRecord]]:
-            return write_rank_image(
-                tier,
-                staging,
-                rank=self.ranks.rank,
-                layout=layout,
-                image=memoryview(image.numpy()).cast("B"),  # type: ignore[arg-type]
-                with_sha256=self.with_sha256,
-            )
-
-        def job() -> CheckpointInfo:
-            manifest = self._commit_on_fast(request, write_rank)
-            elapsed = time.perf_counter() - entered
-            return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=stall)
-
-        return self._saver.submit(self.run, step, job, Snapshot(stall, waited))
+        return self._saves.save_async(step, state, importance, reference)
 
     def flush(self) -> None:
         """Block until the async save in flight (if any) has finished."""
-        self._saver.wait_previous()
+        self._saves.saver.wait_previous()
 
     @property
     def staging_pinned(self) -> bool:
@@ -261,7 +197,7 @@ class Checkpointer:
         device-to-host copies then run asynchronously at full PCIe speed); False
         before the first async save, after :meth:`close`, and for CPU-only state.
         """
-        return self._saver.staging.pinned
+        return self._saves.saver.staging.pinned
 
     def close(self) -> None:
         """Finish the async save in flight and free the staging buffer.
@@ -269,7 +205,7 @@ class Checkpointer:
         Background replication is not waited for: :meth:`wait_replicated` does that.
         A failed async save's error stays with its handle; ``close`` does not raise it.
         """
-        self._saver.close()
+        self._saves.saver.close()
 
     def __enter__(self) -> Self:
         """``with Checkpointer(...) as ckpt:`` closes it on the way out (see :meth:`close`)."""
@@ -278,95 +214,21 @@ class Checkpointer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _request(
-        self,
-        step: int,
-        state: object,
-        level: Importance,
-        reference: Mapping[str, object] | None,
-    ) -> tuple[FlatState, SaveRequest]:
-        """The state split for writing, and what the commit records besides its tensors."""
-        flat = flatten_state(state)
-        reference_json = _reference_json(reference)
-        request = SaveRequest(
-            self.run, step, level, flat.skeleton, reference_json, signing=self.manifest_keys
-        )
-        return flat, request
-
-    def _fail_with_peers(self, step: int, level: Importance, exc: Exception) -> CheckpointInfo:
-        """Take part in a multi-rank commit with a local failure, so no peer waits forever.
-
-        Every rank then raises: this one ``exc``, the others RankFailedError. With
-        one rank it just raises ``exc``.
-        """
-        if self.ranks.world_size > 1:
-
-            def fail(_staging: str) -> tuple[FileRecord, builtins.list[TensorRecord]]:
-                raise exc
-
-            save_copy(self.store.fast, SaveRequest(self.run, step, level, None), fail, self.ranks)
-        raise exc
-
-    def _file_metadata(self, step: int) -> dict[str, str]:
-        return {
-            "format": "mouthguard.checkpoint",
-            "run": self.run,
-            "step": str(step),
-            "rank": str(self.ranks.rank),
-        }
-
-    def _commit_on_fast(self, request: SaveRequest, write_rank: RankWriter) -> Manifest:
-        """Write and commit on the fast tier while background copies yield the disk."""
-        service = self._background()
-        if service is not None:
-            service.gate.save_started()  # background copies yield the disk to this burst
-        try:
-            return save_copy(self.store.fast, request, write_rank, self.ranks)
-        finally:
-            if service is not None:
-                service.gate.save_finished()
-
-    def _after_commit(
-        self, manifest: Manifest, level: Importance, *, save_seconds: float, stall_seconds: float
-    ) -> CheckpointInfo:
-        """Log, pass the hint down, queue replication; the info returned to the caller."""
-        log.info(
-            "saved %s step %d (%s, %d bytes, %s) in %.3f s, stalled %.3f s",
-            self.run,
-            manifest.step,
-            level.value,
-            manifest.nbytes,
-            self.ranks.describe(),
-            save_seconds,
-            stall_seconds,
-        )
-        tier = self.store.fast
-        if self.ranks.is_coordinator:
-            self._hint(CopyRef(tier, self.run, manifest.step), level, manifest)
-            service = self._background()
-            if service is not None:
-                service.notify_commit(self.run, manifest.step)
-        final = catalog.checkpoint_prefix(self.run, manifest.step)
-        copy = CopyInfo(tier=tier.name, location=tier.location(final))
-        return CheckpointInfo.from_manifest(
-            manifest, (copy,), save_seconds=save_seconds, stall_seconds=stall_seconds
-        )
-
     # --- background replication ------------------------------------------------
 
-    def _background(self) -> BackgroundService | None:
-        """The store's background service, started on first use (None when disabled)."""
-        if not self.background:
-            return None
-        from mouthguard.jobs.service import service_for  # noqa: PLC0415 - jobs sit above checkpoint
+    def _listener(self) -> CheckpointListener | None:
+        """Who hears of this checkpointer's saves: the store's listener (None when disabled).
 
-        return service_for(self.store)
+        In practice the store's background service, started on first use
+        (``mouthguard/wiring.py`` installs it; this layer never imports jobs).
+        """
+        return self.store.listener() if self.background else None
 
     def announce(self, seconds_until_save: float, nbytes: int) -> None:
         """Say a save of ``nbytes`` comes in ``seconds_until_save``: copies yield the disk."""
-        service = self._background()
-        if service is not None:
-            service.gate.announce(seconds_until_save, nbytes)
+        listener = self._listener()
+        if listener is not None:
+            listener.announce(seconds_until_save, nbytes)
 
     def wait_replicated(self, timeout: float = 300.0) -> bool:
         """Block until background replication has nothing queued or in flight.
@@ -374,10 +236,10 @@ class Checkpointer:
         Returns False on timeout (or when background replication is disabled and
         there is something it would have had to do).
         """
-        service = self._background()
-        if service is None:
+        listener = self._listener()
+        if listener is None:
             return len(self.store.tiers) == 1
-        return service.wait_idle(timeout)
+        return listener.wait_idle(timeout)
 
     # --- list ------------------------------------------------------------------
 
@@ -416,45 +278,10 @@ class Checkpointer:
         far the copies meet the policy's placement (committed -> verified ->
         protected), or ``trashed`` once every copy is in the trash.
         """
-        view = gather(self.store, self.run, step)
-        if view is None:
-            if missing_ok:
-                return None
+        info = describe(self.store, self.run, step)
+        if info is None and not missing_ok:
             raise CheckpointNotFoundError(f"no readable checkpoint {self.run} step {step}")
-        prefix = catalog.checkpoint_prefix(self.run, step)
-        damage = {name: side.damage for name, side in view.sidecars if side.damage}
-        copies = tuple(
-            CopyInfo(
-                tier=c.tier,
-                location=self.store.tier(c.tier).location(prefix),
-                verified=c.verified,
-                verified_at=_datetime(c.verified_at),
-                trashed_at=_datetime(c.trashed_at),
-                damage=damage.get(c.tier, ""),
-            )
-            for c in view.facts.copies
-        ) + tuple(
-            CopyInfo(tier=t.name, location=t.location(prefix), damage=f"manifest: {reason}")
-            for t, reason in view.damaged
-        )
-        for tier, reason in view.unreachable:
-            log.warning("%s step %d on tier %s: %s", self.run, step, tier.name, reason)
-        placement = plan_placement(view.facts.importance, tier_facts(self.store), self.store.policy)
-        protection = protection_status(view.facts, placement)
-        trashed = bool(copies) and all(c.trashed_at is not None for c in copies)
-        state: str = protection.state
-        missing = protection.missing
-        if all(c.damage for c in copies):
-            state = "damaged"
-            missing = ("every copy is damaged: " + _damage_line(copies), *missing)
-        return CheckpointInfo.from_manifest(
-            view.manifest,
-            copies,
-            importance=view.facts.importance,
-            holds=view.holds,
-            state="trashed" if trashed else state,
-            protection=missing,
-        )
+        return info
 
     def unreadable(self, steps: Iterable[int] | None = None) -> builtins.list[UnreadableCheckpoint]:
         """Committed checkpoints whose manifest is proven damaged on every tier holding it.
@@ -465,22 +292,9 @@ class Checkpointer:
         the unreadable manifest); they are never loaded, copied or deleted
         automatically, and stay listed here until an operator acts.
         """
-        found = []
-        prefix_of = catalog.checkpoint_prefix
-        for step in self.steps() if steps is None else steps:
-            copies = unreadable_copies(self.store, self.run, step)
-            if copies:
-                found.append(
-                    UnreadableCheckpoint(
-                        self.run,
-                        step,
-                        tuple(
-                            CopyInfo(t.name, t.location(prefix_of(self.run, step)), damage=why)
-                            for t, why in copies
-                        ),
-                    )
-                )
-        return found
+        return unreadable_checkpoints(
+            self.store, self.run, self.steps() if steps is None else steps
+        )
 
     # --- mutable facts ---------------------------------------------------------
 
@@ -496,7 +310,7 @@ class Checkpointer:
         now = utc_now()
         for ref in self._copy_refs(step):
             write_importance(ref, level, reason or f"set to {level.value}", now)
-            self._hint(ref, level)
+            pass_hint_down(ref, level)
         return self._info_of_committed(step)
 
     def hold(self, step: int, name: str = "hold", *, reason: str = "") -> CheckpointInfo:
@@ -522,19 +336,6 @@ class Checkpointer:
             raise CheckpointNotFoundError(f"no committed checkpoint {self.run} step {step}")
         return refs
 
-    def _hint(self, ref: CopyRef, level: Importance, manifest: Manifest | None = None) -> None:
-        """Pass the importance down to the storage (xattrs, object tags): advisory only.
-
-        ``manifest`` saves re-reading it when the caller has it (the save just wrote it).
-        """
-        try:
-            if manifest is None:
-                manifest = read_manifest(ref.tier, ref.run, ref.step)
-            for name in [*(f.name for f in manifest.files), MANIFEST_NAME]:
-                ref.tier.annotate(ref.key(name), {"importance": level.value})
-        except MouthguardError as exc:
-            log.info("could not pass the importance hint down for %s: %s", ref, exc)
-
     # --- load ------------------------------------------------------------------
 
     def load(self, step: int | None = None, into: object = None) -> LoadedCheckpoint:
@@ -558,7 +359,7 @@ class Checkpointer:
         checkpoint counts as valid only if every rank could load its part.
         """
         if step is not None:
-            catalog.step_dir(step)
+            catalog.validate_step(step)
         loader = Loader(self.store, self.run, self.ranks, self.manifest_keys)
         # Every rank walks the coordinator's list, so all try the same steps in order.
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
@@ -570,9 +371,10 @@ class Checkpointer:
         finally:
             # Repairs start only once this load is done reading: a repair racing it
             # could set aside a copy the load is about to try.
-            service = self._background() if rejected else None
-            for damaged in sorted({r.step for r in rejected}) if service else ():
-                service.notify_commit(self.run, damaged)  # type: ignore[union-attr]
+            listener = self._listener() if rejected else None
+            if listener is not None:
+                for damaged in sorted({r.step for r in rejected}):
+                    listener.request_repair(self.run, damaged)
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         return catalog.tiers_holding(self.store.tiers, self.run, step)
@@ -587,11 +389,3 @@ class Checkpointer:
             catalog.collect_partial_saves(tier, self.run, grace_seconds=grace_seconds)
             for tier in self.store.tiers
         ]
-
-
-def _damage_line(copies: tuple[CopyInfo, ...]) -> str:
-    return "; ".join(f"{c.tier}: {c.damage}" for c in copies)
-
-
-def _reference_json(reference: Mapping[str, object] | None) -> JsonValue:
-    return None if reference is None else typed_json.encode(dict(reference), root="reference")

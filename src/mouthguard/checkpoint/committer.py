@@ -14,6 +14,11 @@ are the identity)::
                  otherwise remove what was staged
     broadcast    the committed manifest's bytes, or the error
 
+The coordinator's steps -- clearing the way, writing the manifest, cleaning up a
+failed save, what follows a commit -- are :mod:`~mouthguard.checkpoint.commit`'s,
+shared with the DCP writer; this module is how the ranks of a ``Checkpointer``
+agree around them.
+
 So a checkpoint is committed only when every rank's file is written, durable and
 listed in the manifest; if any rank fails, nothing is committed and every rank
 raises (the failing rank its own exception, the others :class:`RankFailedError`
@@ -23,37 +28,23 @@ object store); a rank file the coordinator cannot see fails the save.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.quarantine import SetAside, set_aside_confirmed
+from mouthguard.checkpoint.commit import clear_the_way, commit_staged, discarding_on_failure
 from mouthguard.checkpoint.ranks import RankGroup
-from mouthguard.checkpoint.sidecars import CopyRef
-from mouthguard.checkpoint.verification import verify_and_record
-from mouthguard.checkpoint.writer import (
-    commit_bytes,
-    framework_versions,
-    new_transaction_id,
-    staging_prefix,
-    utc_now,
-)
+from mouthguard.checkpoint.writer import framework_versions, staging_prefix, utc_now
 from mouthguard.errors import (
     CheckpointExistsError,
     MouthguardError,
     ObjectExistsError,
-    ObjectNotFoundError,
     RankFailedError,
-    TierError,
 )
 from mouthguard.format.manifest import FileRecord, Manifest, TensorRecord
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
-
-log = logging.getLogger(__name__)
 
 #: Writes this rank's file into a staging prefix; returns its manifest records.
 RankWriter = Callable[[str], tuple[FileRecord, list[TensorRecord]]]
@@ -72,7 +63,7 @@ class SaveRequest:
     signing: Keyring | None = None
 
 
-def save_copy(
+def commit_save(
     tier: Tier, request: SaveRequest, write_rank: RankWriter, ranks: RankGroup
 ) -> Manifest:
     """Write and commit one checkpoint on ``tier`` (see the module docstring).
@@ -83,30 +74,26 @@ def save_copy(
         RankFailedError: another rank failed (this rank did not).
         MouthguardError: this rank's own failure, unchanged.
     """
-    final = catalog.checkpoint_prefix(request.run, request.step)
-    txn = _agree(ranks, lambda: clear_the_way(tier, request.run, request.step))
-    staging = staging_prefix(tier, request.run, request.step, str(txn))
-    try:
+    run, step, world_size = request.run, request.step, ranks.world_size
+    txn = _agree(ranks, lambda: clear_the_way(tier, run, step))
+    staging = staging_prefix(tier, run, step, str(txn))
+    with discarding_on_failure(tier, run, step, staging, world_size, clean=ranks.is_coordinator):
         records = _gather(ranks, lambda: _records_json(write_rank(staging), request.skeleton))
-    except (ObjectExistsError, CheckpointExistsError):
-        # Another writer holds this step: on tiers without rename its objects sit
-        # where ours would, so only a private staging directory may be removed.
-        if ranks.is_coordinator and staging != final:
-            remove_quietly(tier, staging)
-        raise CheckpointExistsError(
-            f"checkpoint {request.run} step {request.step} was committed by another writer"
-        ) from None
-    except BaseException:
-        if ranks.is_coordinator:
-            discard_staged(tier, request.run, request.step, staging, ranks.world_size)
-        raise
     committed: list[Manifest] = []
 
     def commit() -> JsonValue:
-        manifest, raw = _commit(tier, request, staging, final, records, ranks.world_size)
+        manifest, raw = commit_staged(
+            tier,
+            run,
+            step,
+            staging,
+            world_size,
+            lambda: _manifest(request, records, world_size),
+            keys=request.signing,
+        )
         committed.append(manifest)
         # The peers get the exact bytes (and parse them); one rank needs nothing more.
-        return raw.decode() if ranks.world_size > 1 else None
+        return raw.decode() if world_size > 1 else None
 
     manifest_text = _agree(ranks, commit)
     if committed:  # the coordinator: already parsed and validated before the commit
@@ -162,35 +149,6 @@ def _peer_error(payload: dict[str, JsonValue]) -> MouthguardError:
     return RankFailedError(message + "; nothing was committed")
 
 
-def clear_the_way(tier: Tier, run: str, step: int) -> str:
-    """Refuse a valid existing ``step``, set a damaged one aside; return a new txn id.
-
-    A resumed run that fell back past a damaged checkpoint saves that step again:
-    the damaged copy is moved out of the way (bytes kept for inspection) once a
-    second read confirms the damage, so the new save can commit.
-
-    Raises:
-        CheckpointExistsError: the step is committed and reads back intact.
-        TierError: the existing copy cannot be read now (timeout, dead store):
-            nothing is touched and nothing is saved.
-    """
-    if tier.exists(catalog.manifest_key(run, step)):
-        ref = CopyRef(tier, run, step)
-        verdict = verify_and_record(ref)
-        if verdict.ok:
-            raise CheckpointExistsError(f"checkpoint {run} step {step} already exists")
-        if not verdict.damaged:
-            raise TierError(
-                f"cannot save {run} step {step}: the copy already committed on "
-                f"{tier.name!r} cannot be verified now ({verdict.reason}); it was left as it is"
-            )
-        if set_aside_confirmed(ref, verdict.reason) is SetAside.NOT_CONFIRMED:
-            raise CheckpointExistsError(
-                f"checkpoint {run} step {step} already exists (a second read found it intact)"
-            )
-    return new_transaction_id()
-
-
 def _records_json(written: tuple[FileRecord, list[TensorRecord]], skeleton: JsonValue) -> JsonValue:
     record, tensors = written
     return {
@@ -219,92 +177,18 @@ def _records_from_json(value: JsonValue) -> tuple[FileRecord, list[TensorRecord]
     return record, tensors, value["state"]
 
 
-def _commit(  # noqa: PLR0917 - private; one call site, all arguments distinct
-    tier: Tier,
-    request: SaveRequest,
-    staging: str,
-    final: str,
-    gathered: list[JsonValue],
-    world_size: int,
-) -> tuple[Manifest, bytes]:
-    """Coordinator: write the manifest over every rank's records and publish it.
-
-    Returns the committed manifest, parsed from its exact bytes, and those bytes.
-    """
-    try:
-        ranks = [_records_from_json(value) for value in gathered]
-        if world_size > 1:
-            _check_visible(tier, staging, [record for record, _t, _s in ranks])
-        manifest = Manifest(
-            run=request.run,
-            step=request.step,
-            importance=request.importance,
-            created=utc_now(),
-            world_size=world_size,
-            files=tuple(record for record, _t, _s in ranks),
-            tensors=tuple(t for _r, tensors, _s in ranks for t in tensors),
-            states=tuple(state for _r, _t, state in ranks),
-            framework=framework_versions(),
-            reference=request.reference,
-        )
-        raw = manifest.to_bytes(request.signing)
-        parsed = Manifest.from_bytes(raw)  # peers' records are validated before the commit
-        commit_bytes(tier, staging, final, raw)
-    except (ObjectExistsError, CheckpointExistsError):
-        # Another writer committed (or is committing) this step: on tiers without
-        # rename our objects sit next to theirs, so nothing may be cleaned up here.
-        if staging != final:
-            remove_quietly(tier, staging)
-        raise CheckpointExistsError(
-            f"checkpoint {request.run} step {request.step} was committed by another writer"
-        ) from None
-    except BaseException:
-        discard_staged(tier, request.run, request.step, staging, world_size)
-        raise
-    return parsed, raw
-
-
-def _check_visible(tier: Tier, staging: str, records: list[FileRecord]) -> None:
-    """Every rank file is visible to the coordinator with its size, or the save fails.
-
-    A rank file the coordinator cannot see means the tier is not shared by all
-    ranks: committing a manifest over it would be a lie.
-    """
-    for record in records:
-        try:
-            size: int | None = tier.head(staging + record.name).size
-        except ObjectNotFoundError:
-            size = None
-        if size != record.size:
-            raise TierError(
-                f"{record.name} is not visible with its size on tier {tier.name!r} "
-                "from the coordinator: is the tier shared by every rank?"
-            )
-
-
-def discard_staged(tier: Tier, run: str, step: int, staging: str, world_size: int) -> None:
-    """Remove what a failed save staged, leaving any committed checkpoint alone."""
-    final = catalog.checkpoint_prefix(run, step)
-    if staging != final:
-        remove_quietly(tier, staging)
-    elif not tier.exists(catalog.manifest_key(run, step)):
-        # No rename (object stores): remove our own uncommitted rank files so a
-        # retry of this step is not blocked by them.
-        for rank in range(world_size):
-            remove_key_quietly(tier, final + catalog.rank_file_name(rank))
-
-
-def remove_key_quietly(tier: Tier, key: str) -> None:
-    """Best-effort removal of one object of a failed save."""
-    try:
-        tier.delete(key)
-    except MouthguardError as exc:
-        log.warning("could not remove %s on %s: %s", key, tier.name, exc)
-
-
-def remove_quietly(tier: Tier, prefix: str) -> None:
-    """Best-effort cleanup of a failed save; the original error is what matters."""
-    try:
-        tier.delete_prefix(prefix)
-    except MouthguardError as exc:
-        log.warning("could not remove partial save %s on %s: %s", prefix, tier.name, exc)
+def _manifest(request: SaveRequest, gathered: list[JsonValue], world_size: int) -> Manifest:
+    """The manifest over every rank's records, in rank order."""
+    ranks = [_records_from_json(value) for value in gathered]
+    return Manifest(
+        run=request.run,
+        step=request.step,
+        importance=request.importance,
+        created=utc_now(),
+        world_size=world_size,
+        files=tuple(record for record, _t, _s in ranks),
+        tensors=tuple(t for _r, tensors, _s in ranks for t in tensors),
+        states=tuple(state for _r, _t, state in ranks),
+        framework=framework_versions(),
+        reference=request.reference,
+    )

@@ -2,7 +2,7 @@
 
 Every caller that wants a damaged copy out of the way goes through
 :func:`set_aside_confirmed`: a save that lands on a damaged step
-(:func:`mouthguard.checkpoint.committer.clear_the_way`), a copy whose destination
+(:func:`mouthguard.checkpoint.commit.clear_the_way`), a copy whose destination
 already holds a damaged copy or whose read-back failed (:mod:`mouthguard.jobs.copy`),
 and the replicator replacing a damaged copy from an intact one. A copy is set
 aside only when a second, independent read confirms proven damage
@@ -68,7 +68,7 @@ def _set_aside(ref: CopyRef, reason: str) -> bool:
     way the bytes stay for inspection and are never deleted automatically.
     """
     prefix = ref.prefix
-    aside = catalog.rejected_prefix(ref.run, ref.step, catalog.new_txn_id())
+    aside = catalog.rejected_prefix(ref.run, ref.step, catalog.new_transaction_id())
     if ref.tier.capabilities.atomic_rename:
         try:
             ref.tier.rename_prefix(prefix.rstrip("/"), aside.rstrip("/"))

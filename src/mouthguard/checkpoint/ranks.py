@@ -19,6 +19,8 @@ import json
 import sys
 from typing import Any
 
+from typing_extensions import override
+
 from mouthguard.format.typed_json import JsonValue
 
 #: How long one checkpoint collective may wait for the slowest rank.
@@ -61,6 +63,7 @@ class TorchRanks(RankGroup):
         self.rank = dist.get_rank(self._group)
         self.world_size = dist.get_world_size(self._group)
 
+    @override
     def all_gather(self, value: JsonValue) -> list[JsonValue]:
         """Every rank's ``value`` as JSON bytes over gloo (see the module docstring)."""
         import torch  # noqa: PLC0415 - single-process users of this module never need torch
@@ -80,10 +83,12 @@ class TorchRanks(RankGroup):
             for r, s in zip(received, sizes, strict=True)
         ]
 
+    @override
     def broadcast(self, value: JsonValue) -> JsonValue:
         """The coordinator's value; built on ``all_gather`` (payloads here are small)."""
         return self.all_gather(value if self.is_coordinator else None)[0]
 
+    @override
     def describe(self) -> str:
         """``rank r of n``."""
         return f"rank {self.rank} of {self.world_size}"

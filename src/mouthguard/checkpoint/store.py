@@ -1,11 +1,23 @@
-"""A store: the ordered tiers a checkpointer writes to and reads from."""
+"""A store: the ordered tiers a checkpointer writes to and reads from, and who listens.
+
+Listeners: a store hands its checkpointers (and the DCP writer) the
+:class:`~mouthguard.checkpoint.listeners.CheckpointListener` that hears of their
+saves and commits -- in practice the background replication service of
+``mouthguard.jobs``, which this layer must not import. A store made with
+``listener=`` uses that factory; every other store uses the process-wide
+default, which ``mouthguard/wiring.py`` installs with
+:func:`install_default_listener` when the package is imported (Python runs
+``mouthguard/__init__.py`` before any submodule, so no store is ever made
+before it). Without either, saves and loads simply tell no one.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.config import StoreConfig, TierConfig, default_config, load_config
 from mouthguard.errors import ConfigError
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
@@ -14,6 +26,24 @@ from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
+
+#: Makes (or finds) the listener of a store. Called on every use, so it must be
+#: cheap and return the same listener for the same store while it lives.
+ListenerFactory = Callable[["Store"], CheckpointListener]
+
+_default_listener: ListenerFactory | None = None
+
+
+def install_default_listener(factory: ListenerFactory | None) -> ListenerFactory | None:
+    """Make ``factory`` the listener of every store made without one; return the previous.
+
+    ``None`` removes the default (stores then tell no one). Called once by the
+    package's composition root (``mouthguard/wiring.py``); tests swap it and
+    restore the previous one.
+    """
+    global _default_listener
+    previous, _default_listener = _default_listener, factory
+    return previous
 
 
 class Store:
@@ -26,6 +56,8 @@ class Store:
         manifest_keys: manifest signing keys for the store's checkpointers
             (:mod:`mouthguard.format.signing`); None: each ``Checkpointer`` looks
             at ``$MOUTHGUARD_MANIFEST_KEY`` itself.
+        listener: makes the listener of this store's saves and commits (see the
+            module docstring); None: the process-wide default.
     """
 
     def __init__(
@@ -35,6 +67,7 @@ class Store:
         source: str = "",
         policy: PolicyConfig | None = None,
         manifest_keys: Keyring | None = None,
+        listener: ListenerFactory | None = None,
     ) -> None:
         if not tiers:
             raise ConfigError("a store needs at least one tier")
@@ -45,6 +78,7 @@ class Store:
         self.source = source
         self.policy = policy or PolicyConfig()
         self.manifest_keys = manifest_keys
+        self._listener = listener
 
     @property
     def fast(self) -> Tier:
@@ -57,6 +91,15 @@ class Store:
             if tier.name == name:
                 return tier
         raise KeyError(name)
+
+    def listener(self) -> CheckpointListener | None:
+        """The listener of this store's saves and commits (None: nobody listens).
+
+        Asked on every use rather than once, so a listener that starts work (the
+        background service starts its thread) does so only when something happens.
+        """
+        factory = self._listener or _default_listener
+        return None if factory is None else factory(self)
 
     def __repr__(self) -> str:
         return f"Store(source={self.source!r}, tiers={[t.name for t in self.tiers]})"

@@ -1,12 +1,11 @@
-"""Writing a checkpoint copy to one tier, and the commit protocol.
+"""Writing a checkpoint copy to one tier: rank files, then the manifest that commits them.
 
-Call order for one copy (single rank; the multi-rank coordinator calls the same
-pieces with a gather in between)::
+Call order for one copy (the save's coordinator runs it through
+:mod:`~mouthguard.checkpoint.commit`, every rank writes its own file)::
 
-    txn     = new_transaction_id()
     staging = staging_prefix(tier, run, step, txn)      # partial dir, or final prefix
     record  = write_rank_file(tier, staging, rank, flat) # streams + checksums inline
-    commit(tier, staging, final, manifest)               # manifest last => committed
+    commit_bytes(tier, staging, final, manifest bytes)   # manifest last => committed
 
 Commit protocol:
 
@@ -28,27 +27,21 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 
-from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.catalog import checkpoint_prefix, partial_prefix, rank_file_name
 from mouthguard.errors import CheckpointExistsError, FormatError, ObjectExistsError
 from mouthguard.format.checksum import StreamHasher
 from mouthguard.format.dtypes import dtype_code
-from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, TensorRecord
 from mouthguard.format.rank_file import RankFileLayout, build_layout, byte_view
 from mouthguard.format.state_tree import FlatState
 from mouthguard.tiers.base import PutMode, StableChunks, Tier
-from mouthguard.tiers.key_material import Keyring
+from mouthguard.version import VERSION
 
 #: Slices small enough that a slice just checksummed is still in cache when written.
 WRITE_CHUNK_BYTES = 8 * 1024 * 1024
 #: Slices of a staging image: large, because the image is written in place (no copy)
 #: and each slice is hashed while the previous one is on its way to the disk.
 IMAGE_CHUNK_BYTES = 64 * 1024 * 1024
-
-
-def new_transaction_id() -> str:
-    """A random id naming one save attempt's staging area."""
-    return catalog.new_txn_id()
 
 
 def staging_prefix(tier: Tier, run: str, step: int, txn: str) -> str:
@@ -152,19 +145,14 @@ def file_records(
     return record, tensors
 
 
-def commit(
-    tier: Tier, staging: str, final: str, manifest: Manifest, keys: Keyring | None = None
-) -> None:
-    """Write the manifest (last, signed with ``keys`` if given); make the checkpoint visible.
+def commit_bytes(tier: Tier, staging: str, final: str, manifest_bytes: bytes) -> None:
+    """Write the manifest's exact bytes last, create-only; make the checkpoint visible.
+
+    Exact bytes, so a signature survives and replicas stay byte-identical.
 
     Raises:
         CheckpointExistsError: a committed checkpoint already holds ``final``.
     """
-    commit_bytes(tier, staging, final, manifest.to_bytes(keys))
-
-
-def commit_bytes(tier: Tier, staging: str, final: str, manifest_bytes: bytes) -> None:
-    """:func:`commit` with the manifest's exact bytes (replicas keep them byte-identical)."""
     try:
         tier.put(staging + MANIFEST_NAME, manifest_bytes, mode=PutMode.CREATE)
         if staging != final:
@@ -181,10 +169,8 @@ def framework_versions() -> dict[str, str]:
 
     import torch  # noqa: PLC0415 - commands that never save (the CLI) must not load torch
 
-    import mouthguard  # noqa: PLC0415 - avoid an import cycle at module load
-
     return {
-        "mouthguard": mouthguard.__version__,
+        "mouthguard": VERSION,
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

@@ -52,7 +52,7 @@ def _result_cell(v: Verdict, *, ok_word: str, bad_word: str | None = None) -> st
 def verify(store: Store, args: argparse.Namespace, console: Console) -> int:
     """Verify every committed copy (of a run, of a step); exit 1 unless all are intact."""
     if args.step is not None:
-        catalog.step_dir(args.step)
+        catalog.validate_step(args.step)
     if args.run is not None:
         catalog.validate_run(args.run)
     refs = find_copies(store, args.run, args.step)

@@ -42,14 +42,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mouthguard.checkpoint.facts import tier_facts
+from mouthguard.checkpoint.gathering import tier_facts
 from mouthguard.checkpoint.store import Store
 from mouthguard.cli.common import EXIT_FAILED, EXIT_OK
 from mouthguard.cli.listing import damaged_checkpoints
 from mouthguard.cli.render import human_bytes
 from mouthguard.errors import MouthguardError, ObjectExistsError
 from mouthguard.policy.importance import Importance
-from mouthguard.policy.placement import Placement, plan_placement
+from mouthguard.policy.placement import Placement, placement_for
 from mouthguard.tiers.base import PutMode, Tier
 from mouthguard.tiers.local import LocalTier
 
@@ -204,11 +204,11 @@ def run(store: Store, args: argparse.Namespace, console: Console) -> int:
     facts = tier_facts(store)
     # Most valuable first: that is the level an operator checks first.
     levels = sorted(Importance, key=lambda level: level.rank, reverse=True)
-    placements = {level: plan_placement(level, facts, store.policy) for level in levels}
+    placements = {level: placement_for(level, facts, store.policy) for level in levels}
     problems = [p for t in tiers for p in t.problems]
     for level, placement in placements.items():
         if not placement.satisfiable:
-            # plan_placement words what is missing as "unsatisfiable: ..." reasons.
+            # placement_for words what is missing as "unsatisfiable: ..." reasons.
             missing = [r for r in placement.reasons if r.startswith("unsatisfiable")]
             problems += [f"{level.value}: {r}" for r in missing or ["placement not satisfiable"]]
     # A checkpoint no tier holds intact is the failure this store exists to prevent.

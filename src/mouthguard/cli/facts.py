@@ -49,7 +49,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _existing(store: Store, run: str, step: int) -> tuple[Checkpointer, CheckpointInfo]:
     """The checkpointer of ``run`` and the info of ``step``, or a usage error."""
     catalog.validate_run(run)
-    catalog.step_dir(step)
+    catalog.validate_step(step)
     # No background thread: a CLI command must not leave replication running.
     ckpt = Checkpointer(store, run, background=False)
     info = ckpt.info(step, missing_ok=True)

@@ -30,7 +30,7 @@ from rich.table import Table
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import DEFAULT_GRACE_SECONDS, Checkpointer
-from mouthguard.checkpoint.facts import gather, runs_of, steps_of
+from mouthguard.checkpoint.gathering import gather, runs_of, steps_of
 from mouthguard.checkpoint.info import UnreadableCheckpoint
 from mouthguard.checkpoint.sidecars import CopyRef
 from mouthguard.checkpoint.store import Store
@@ -346,7 +346,7 @@ class _Restore:
 
 def _restore(store: Store, args: argparse.Namespace, console: Console) -> int:
     run, step = catalog.validate_run(args.run), args.step
-    catalog.step_dir(step)
+    catalog.validate_step(step)
     dst = _tier(store, args.to)
     view = gather(store, run, step)
     if view is None:

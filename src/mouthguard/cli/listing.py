@@ -132,7 +132,7 @@ def run_table(run: str, items: list[Listed]) -> Table:
 def show(store: Store, args: argparse.Namespace, console: Console) -> int:
     """Show one checkpoint; exit 1 when it is damaged beyond reading."""
     catalog.validate_run(args.run)
-    catalog.step_dir(args.step)
+    catalog.validate_step(args.step)
     ckpt = Checkpointer(store, args.run, background=False)
     info = ckpt.info(args.step, missing_ok=True)
     if info is None:

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.facts import gather
+from mouthguard.checkpoint.gathering import gather
 from mouthguard.checkpoint.store import Store
 from mouthguard.cli.common import EXIT_FAILED, EXIT_OK, Handler, UsageError
 from mouthguard.cli.render import human_bytes

@@ -21,5 +21,5 @@ def parse_checkpoint_id(checkpoint_id: str | os.PathLike[str]) -> tuple[str, int
     if not step_text.isdecimal() or not step_text.isascii():
         raise ValueError(f"invalid checkpoint_id {text!r}: expected '<run>/<step>'")
     step = int(step_text)
-    catalog.step_dir(step)
+    catalog.validate_step(step)
     return run, step

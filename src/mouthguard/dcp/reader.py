@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
+from typing_extensions import override
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.reader import READ_CHUNK_BYTES
@@ -105,7 +106,7 @@ class Reader(StorageReader):
         self.store = store if isinstance(store, Store) else open_store(store, create=False)
         self.run = catalog.validate_run(run)
         if step is not None:
-            catalog.step_dir(step)
+            catalog.validate_step(step)
         self.step = step
         self.trust_bytes_items = trust_bytes_items
         self.load_id = uuid.uuid4().hex
@@ -126,6 +127,7 @@ class Reader(StorageReader):
         """The step this reader loads, once ``read_metadata`` has chosen it."""
         return None if self._resolved is None else self._resolved.step
 
+    @override
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         """Whether ``checkpoint_id`` is ``<run>`` or ``<run>/<step>``."""
@@ -135,6 +137,7 @@ class Reader(StorageReader):
             return False
         return True
 
+    @override
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new load; ``checkpoint_id`` (``<run>`` or ``<run>/<step>``) retargets."""
         if checkpoint_id is not None:
@@ -151,6 +154,7 @@ class Reader(StorageReader):
             self._resolved = resolve(self.store, self.run, self.step)
         return self._resolved
 
+    @override
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """Resolve the checkpoint and rebuild its Metadata (validated; never unpickled).
 
@@ -167,6 +171,7 @@ class Reader(StorageReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    @override
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
@@ -180,11 +185,13 @@ class Reader(StorageReader):
         self._storage = storage
         self._resolve()
 
+    @override
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """Stamp the plan with the checkpoint this rank resolved."""
         resolved = self._resolve()
         return dataclasses.replace(plan, storage_data=LoadTarget(resolved.step, resolved.digest))
 
+    @override
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         """Refuse a load whose ranks resolved different checkpoints (coordinator only)."""
         targets = {p.storage_data for p in plans}
@@ -198,6 +205,7 @@ class Reader(StorageReader):
 
     # --- reading -----------------------------------------------------------------
 
+    @override
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read each stored chunk once, verify it, and serve every request on it."""
         groups: dict[MetadataIndex, list[ReadItem]] = {}

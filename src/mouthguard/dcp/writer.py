@@ -23,7 +23,9 @@ Call order (DCP's, with what each step does here)::
     5. (coordinator) finish(metadata, results) checks the set is complete, writes the
                                                manifest last: the commit
 
-The commit protocol is ``checkpoint/writer.py``'s: on POSIX tiers every rank
+The commit protocol is the Checkpointer's, through the same code
+(:mod:`mouthguard.checkpoint.commit`: ``clear_the_way`` in step 3,
+``commit_staged`` and ``after_commit`` in step 5): on POSIX tiers every rank
 writes into ``<run>/<step>.partial-<txn>/`` and the coordinator's manifest is
 followed by the rename to ``<run>/<step>/``; on object stores the manifest's
 create-only put under the final prefix is the commit.
@@ -32,9 +34,10 @@ Failure: DCP gathers every rank's ``write_data`` outcome before ``finish``; if a
 rank failed, ``finish`` is never called and DCP raises on every rank. ``finish``
 itself refuses to commit unless every rank 0..world_size-1 reported its rank file
 under this transaction and every chunk of the metadata has a stored location, and
-it checks each file's size on the tier. So a failed save commits nothing; what it
-leaves is a partial directory (or, on object stores, objects without a manifest)
-that ``Checkpointer.collect_garbage`` removes after its grace period.
+(with several ranks) it checks each file's size on the tier. So a failed save
+commits nothing: a failure in ``finish`` removes this transaction's staging, and
+one before it leaves a partial directory (or, on object stores, objects without
+a manifest) that ``Checkpointer.collect_garbage`` removes after its grace period.
 """
 
 from __future__ import annotations
@@ -51,38 +54,20 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
+from typing_extensions import override
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.committer import clear_the_way
-from mouthguard.checkpoint.sidecars import CopyRef
+from mouthguard.checkpoint.commit import after_commit, clear_the_way, commit_staged
 from mouthguard.checkpoint.store import Store, open_store
-from mouthguard.checkpoint.writer import (
-    commit_bytes,
-    framework_versions,
-    staging_prefix,
-    utc_now,
-)
+from mouthguard.checkpoint.writer import framework_versions, staging_prefix, utc_now
 from mouthguard.dcp.ids import parse_checkpoint_id
 from mouthguard.dcp.metadata_json import StoredItem, decode_metadata, encode_metadata
 from mouthguard.dcp.rank_file import item_dtype, write_items
-from mouthguard.errors import (
-    CheckpointError,
-    CheckpointExistsError,
-    FormatError,
-    MouthguardError,
-    ObjectExistsError,
-)
+from mouthguard.errors import CheckpointError
 from mouthguard.format import typed_json
-from mouthguard.format.manifest import (
-    MANIFEST_NAME,
-    FileRecord,
-    Manifest,
-    TensorRecord,
-    parse_manifest,
-)
+from mouthguard.format.manifest import FileRecord, Manifest, TensorRecord
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
-from mouthguard.tiers.base import Tier
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +104,10 @@ class Writer(StorageWriter):
         importance: recorded in the manifest like ``Checkpointer.save``'s.
         with_sha256: also record sha256 of every file (tamper evidence, slower).
         reference: optional values (e.g. ``{"loss": 2.3}``) stored in the manifest.
-        background: after the commit, wake this process's background replication
-            (started if needed) as ``Checkpointer`` does; default: when the store
-            has more than one tier. Off, replication is left to ``mouthguard agent``.
+        background: after the commit, tell the store's listener -- this process's
+            background replication, started if needed -- as ``Checkpointer`` does;
+            default: when the store has more than one tier. Off, replication is
+            left to ``mouthguard agent``.
     """
 
     def __init__(
@@ -138,7 +124,7 @@ class Writer(StorageWriter):
         super().__init__()
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
-        catalog.step_dir(step)
+        catalog.validate_step(step)
         self.step = step
         self.importance = parse_importance(importance)
         self.with_sha256 = with_sha256
@@ -158,6 +144,7 @@ class Writer(StorageWriter):
         """``<run>/<step:012d>``: the checkpoint this writer saves."""
         return f"{self.run}/{catalog.step_dir(self.step)}"
 
+    @override
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         """Whether ``checkpoint_id`` is a ``<run>/<step>`` id this writer accepts."""
@@ -167,6 +154,7 @@ class Writer(StorageWriter):
             return False
         return step is not None
 
+    @override
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new save; ``checkpoint_id`` (``<run>/<step>``) retargets the writer."""
         if checkpoint_id is not None:
@@ -177,12 +165,14 @@ class Writer(StorageWriter):
         self.save_id = uuid.uuid4().hex
         self._target = None
 
+    @override
     def storage_meta(self) -> StorageMeta | None:
         """Recorded in the metadata: which checkpoint and which save attempt."""
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
 
     # --- planning ----------------------------------------------------------------
 
+    @override
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record this rank's role. ``use_collectives=False`` is refused.
 
@@ -198,12 +188,14 @@ class Writer(StorageWriter):
         self.rank = rank if isinstance(rank, int) else None
         self._target = None
 
+    @override
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Refuse what cannot be stored before any rank writes a byte."""
         for item in plan.items:
             item_dtype(item)
         return plan
 
+    @override
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Choose the shared transaction and tell every rank its file (coordinator only).
 
@@ -220,6 +212,7 @@ class Writer(StorageWriter):
 
     # --- writing -----------------------------------------------------------------
 
+    @override
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Stream this rank's items into ONE rank file in the shared staging prefix.
 
@@ -263,6 +256,7 @@ class Writer(StorageWriter):
 
     # --- commit ------------------------------------------------------------------
 
+    @override
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Commit: check the set is complete, then write the manifest last (coordinator).
 
@@ -276,24 +270,28 @@ class Writer(StorageWriter):
             raise CheckpointError("finish() runs on the coordinator after prepare_global_plan()")
         self._target = None  # one finish per transaction, whatever happens
         tier = self.store.fast
-        staging = staging_prefix(tier, self.run, self.step, target.txn)
-        try:
-            manifest, raw = self._manifest(metadata, results, target)
-            _check_files_present(tier, staging, manifest.files)
-            commit_bytes(tier, staging, catalog.checkpoint_prefix(self.run, self.step), raw)
-        except BaseException as exc:
-            self._discard(tier, staging, target, exc)
-            raise
-        self._after_commit(tier, manifest)
+        manifest, _raw = commit_staged(
+            tier,
+            self.run,
+            self.step,
+            staging_prefix(tier, self.run, self.step, target.txn),
+            target.world_size,
+            lambda: self._manifest(metadata, results, target),
+            # Never commit what a reader would reject: the reader's checks, before the
+            # commit (this also proves every chunk of the metadata has a stored location).
+            validate=lambda parsed: decode_metadata(parsed.dcp, parsed),
+        )
+        log.info("committed DCP checkpoint %s step %d", self.run, self.step)
+        after_commit(tier, manifest, self.store.listener() if self.background else None)
 
     def _manifest(
         self, metadata: Metadata, results: list[list[WriteResult]], target: SaveTarget
-    ) -> tuple[Manifest, bytes]:
+    ) -> Manifest:
         files, tensors, stored = _collect(results, target)
         metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = stored
         metadata.storage_meta = self.storage_meta()
-        manifest = Manifest(
+        return Manifest(
             run=self.run,
             step=self.step,
             importance=self.importance,
@@ -306,37 +304,6 @@ class Writer(StorageWriter):
             reference=self.reference,
             dcp=encode_metadata(metadata),
         )
-        raw = manifest.to_bytes()
-        # Never commit what a reader would reject: the reader's checks, before the commit
-        # (this also proves every chunk of the metadata has a stored location).
-        decode_metadata(manifest.dcp, parse_manifest(raw))
-        return manifest, raw
-
-    def _discard(self, tier: Tier, staging: str, target: SaveTarget, exc: BaseException) -> None:
-        """Best-effort removal of an uncommitted save's files; GC gets anything missed."""
-        final = catalog.checkpoint_prefix(self.run, self.step)
-        if staging != final:
-            _quietly(tier.delete_prefix, staging)  # our own transaction's directory
-        elif not isinstance(exc, ObjectExistsError | CheckpointExistsError) and not (
-            tier.exists(final + MANIFEST_NAME)
-        ):
-            # No rename (object stores): the rank files sit under the final prefix; they
-            # go so a retry is not blocked. After a lost race they may be the winner's.
-            for rank in range(target.world_size):
-                _quietly(tier.delete, final + catalog.rank_file_name(rank))
-
-    def _after_commit(self, tier: Tier, manifest: Manifest) -> None:
-        ref = CopyRef(tier, self.run, self.step)
-        for name in [*(f.name for f in manifest.files), MANIFEST_NAME]:
-            try:  # advisory only (xattrs, object tags)
-                tier.annotate(ref.key(name), {"importance": manifest.importance.value})
-            except MouthguardError as exc:
-                log.info("could not pass the importance hint down for %s: %s", ref, exc)
-        log.info("committed DCP checkpoint %s step %d", self.run, self.step)
-        if self.background:
-            from mouthguard.jobs.service import service_for  # noqa: PLC0415 - started on demand
-
-            service_for(self.store).notify_commit(self.run, self.step)
 
 
 def _collect(
@@ -367,19 +334,3 @@ def _collect(
     files = tuple(r.file for r in ordered)
     tensors = tuple(t for r in ordered for t in r.tensors)
     return files, tensors, stored
-
-
-def _check_files_present(tier: Tier, staging: str, files: tuple[FileRecord, ...]) -> None:
-    for record in files:
-        size = tier.head(staging + record.name).size
-        if size != record.size:
-            raise FormatError(
-                f"{record.name} has {size} bytes in staging, its rank reported {record.size}"
-            )
-
-
-def _quietly(action: Any, key: str) -> None:
-    try:
-        action(key)
-    except MouthguardError as exc:
-        log.warning("could not clean up %s: %s", key, exc)

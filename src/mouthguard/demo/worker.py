@@ -191,7 +191,7 @@ class _Checkpointing:
         if self.rejected and self.replicating.background:
             service = service_for(self.replicating.store)
             for step in self.rejected:
-                service.notify_commit(self.args.run, step)
+                service.request_repair(self.args.run, step)
         self.rejected = []
 
     def _wait_replicated(self, step: int) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.hints import pass_hint_down
 from mouthguard.checkpoint.quarantine import SetAside, set_aside_confirmed
 from mouthguard.checkpoint.reader import read_manifest
 from mouthguard.checkpoint.sidecars import (
@@ -37,7 +38,7 @@ from mouthguard.checkpoint.sidecars import (
     write_receipt,
 )
 from mouthguard.checkpoint.verification import verify_and_record
-from mouthguard.checkpoint.writer import commit_bytes, new_transaction_id, staging_prefix
+from mouthguard.checkpoint.writer import commit_bytes, staging_prefix
 from mouthguard.errors import (
     CheckpointExistsError,
     ChecksumMismatchError,
@@ -139,7 +140,7 @@ def copy_checkpoint(
     dst_ref = CopyRef(dst, run, step)
     if dst.exists(catalog.manifest_key(run, step)):
         _clear_destination(dst_ref)
-    staging = staging_prefix(dst, run, step, new_transaction_id())
+    staging = staging_prefix(dst, run, step, catalog.new_transaction_id())
     final = catalog.checkpoint_prefix(run, step)
     try:
         for record in manifest.files:
@@ -225,10 +226,4 @@ def _copy_facts(src: CopyRef, dst: CopyRef, manifest: Manifest) -> None:
         )
     for hold in facts.holds:
         place_hold(dst, hold.name, hold.reason, hold.placed_at or when)
-    level = facts.importance or manifest.importance
-    for name in [*(f.name for f in manifest.files), MANIFEST_NAME]:
-        try:
-            dst.tier.annotate(dst.key(name), {"importance": level.value})
-        except MouthguardError as exc:
-            log.info("could not pass the importance hint down for %s: %s", dst, exc)
-            break
+    pass_hint_down(dst, facts.importance or manifest.importance, manifest)

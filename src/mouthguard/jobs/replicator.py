@@ -1,6 +1,6 @@
 """Replication: make every committed checkpoint meet its placement, verified.
 
-For each checkpoint the pure policy (:func:`plan_placement`) names the target
+For each checkpoint the pure policy (:func:`placement_for`) names the target
 tiers for its importance. The replicator copies the checkpoint to each target
 that lacks a *verified* copy, from a source whose bytes check out (fast tier
 first), reading every destination byte back before the copy counts. A source
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.facts import CheckpointView, gather, tier_facts
+from mouthguard.checkpoint.gathering import CheckpointView, gather, tier_facts
 from mouthguard.checkpoint.quarantine import SetAside, set_aside_confirmed
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
@@ -39,7 +39,7 @@ from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint
 from mouthguard.policy.config import PolicyConfig
-from mouthguard.policy.placement import Placement, plan_placement, protection_status
+from mouthguard.policy.placement import Placement, placement_for, protection_status
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 
@@ -100,7 +100,7 @@ class Replicator:
 
     def placement(self, view: CheckpointView) -> Placement:
         """The policy's placement for a checkpoint, on this store's tiers."""
-        return plan_placement(view.facts.importance, tier_facts(self.store), self.policy)
+        return placement_for(view.facts.importance, tier_facts(self.store), self.policy)
 
     def replicate(
         self, run: str, step: int, report: ReplicationReport | None = None

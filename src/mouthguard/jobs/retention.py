@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mouthguard.checkpoint.facts import CheckpointView, gather, runs_of, steps_of, tier_facts
+from mouthguard.checkpoint.gathering import CheckpointView, gather, runs_of, steps_of, tier_facts
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     mark_trashed,
@@ -36,7 +36,7 @@ from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.deletion import CopyAction, decide_deletions
-from mouthguard.policy.placement import plan_placement
+from mouthguard.policy.placement import placement_for
 from mouthguard.policy.retention import RetentionDecision, decide_retention
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def apply_retention(
     decisions = {d.key: d for d in report.decisions}
     tiers = tier_facts(store)
     for view in views:
-        placement = plan_placement(view.facts.importance, tiers, policy)
+        placement = placement_for(view.facts.importance, tiers, policy)
         for action in decide_deletions(
             view.facts, decisions[view.facts.key], placement, policy, now
         ):

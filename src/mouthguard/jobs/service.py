@@ -9,10 +9,15 @@ Lifecycle: started on first use, a daemon thread, stopped at interpreter exit
 (bounded). A copy cut off by the process ending leaves only invisible staging
 debris on the destination, collected later like any interrupted save.
 
+The service is the store's :class:`~mouthguard.checkpoint.listeners.CheckpointListener`
+(``mouthguard/wiring.py`` makes it so): checkpointers report their saves (the burst
+gate), commits and the damage ``load()`` finds through it, without importing jobs.
+
 Backlog warning: the service estimates how long the checkpoints still waiting
 for replication take at the measured copy bandwidth, and warns when that
 outlasts the interval between saves — the replication tier cannot keep up and
-protection is falling behind.
+protection is falling behind. Only commits count toward that interval: a repair
+(damage found by a load or a scrub) is queued the same way but is not a save.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 
+from typing_extensions import override
+
+from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.store import Store
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.replicator import ReplicationReport, Replicator
@@ -55,7 +63,7 @@ class ServiceStatus:
     backlog_warning: str | None
 
 
-class BackgroundService:
+class BackgroundService(CheckpointListener):
     """Replicates committed checkpoints of one store in a background thread.
 
     Args:
@@ -127,19 +135,52 @@ class BackgroundService:
         if thread is not None:
             thread.join(timeout)
 
+    # --- what checkpointers report (CheckpointListener) -------------------------
+
+    @override
+    def save_started(self) -> None:
+        """A save's burst begins: copies wait at their next chunk boundary."""
+        self.gate.save_started()
+
+    @override
+    def save_finished(self) -> None:
+        """The save's burst is over: copies may resume."""
+        self.gate.save_finished()
+
+    @override
+    def announce(self, seconds_until_save: float, nbytes: int) -> None:
+        """A save is coming: copies yield ahead of it (see :class:`BurstGate`)."""
+        self.gate.announce(seconds_until_save, nbytes)
+
+    @override
     def notify_commit(self, run: str, step: int) -> None:
-        """A checkpoint committed: replicate it soon (newest commits first)."""
+        """A checkpoint committed: replicate it soon (newest commits first).
+
+        Commits alone measure the interval between saves that the backlog warning uses.
+        """
         now = self.clock.monotonic()
         with self._cond:
             if self._last_commit is not None:
                 gap = now - self._last_commit
                 self._commit_interval = _ewma(self._commit_interval, gap)
             self._last_commit = now
+        self._enqueue(run, step)
+
+    @override
+    def request_repair(self, run: str, step: int) -> None:
+        """A copy was found damaged: the replicator confirms it and makes a new one, soon.
+
+        Not a save: the interval between saves is left alone.
+        """
+        self._enqueue(run, step)
+
+    def _enqueue(self, run: str, step: int) -> None:
+        with self._cond:
             self._queue.appendleft((run, step))
             self._cond.notify_all()
 
+    @override
     def wait_idle(self, timeout: float) -> bool:
-        """Block until nothing is queued or being copied; False once ``timeout`` passed."""
         deadline = self.clock.monotonic() + timeout
         with self._cond:
             while self._queue or self._busy or self._full_pass_pending:
@@ -214,7 +255,7 @@ class BackgroundService:
         self._next_scrub = self.clock.monotonic() + self.scrub_interval
         report = scrub(self.store, max_age_seconds=self.scrub_max_age, gate=self.gate)
         for damaged in report.damaged:
-            self.notify_commit(damaged.run, damaged.step)  # make a new copy
+            self.request_repair(damaged.run, damaged.step)
 
     def _record(self, report: ReplicationReport) -> None:
         with self._cond:

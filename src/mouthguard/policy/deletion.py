@@ -76,7 +76,7 @@ def decide_deletions(
         checkpoint: the checkpoint and its copies.
         retention: retention's decision for it (from :func:`decide_retention`
             over the whole store, so recovery points and pins are known).
-        placement: :func:`plan_placement` for the checkpoint's importance.
+        placement: :func:`placement_for` for the checkpoint's importance.
         config: the policy configuration (trash delays).
         now: the current unix time.
 

@@ -1,6 +1,6 @@
 """Placement: where a checkpoint of a given importance must live, and whether it does.
 
-:func:`plan_placement` turns an importance and the store's tiers into a
+:func:`placement_for` turns an importance and the store's tiers into a
 :class:`Placement`; :func:`protection_status` compares a checkpoint's copies with
 it. Both are pure and deterministic.
 
@@ -117,7 +117,7 @@ def fast_tier_of(tiers: Sequence[TierFacts]) -> TierFacts | None:
     return next((t for t in tiers if t.is_fast), tiers[0] if tiers else None)
 
 
-def plan_placement(
+def placement_for(
     importance: Importance, tiers: Sequence[TierFacts], config: PolicyConfig
 ) -> Placement:
     """Decide where checkpoints of ``importance`` go on a store with ``tiers``.

@@ -1,7 +1,13 @@
-"""Turning what is on the tiers into the plain facts the pure policy decides on.
+"""Gathering what the tiers hold about a checkpoint into the plain facts the policy decides on.
 
-Used by ``Checkpointer.info`` (the state of a checkpoint) and by the jobs
-(replication, retention), so every part of the system judges from the same facts.
+For each tier: is the step committed, does its manifest read, and what do the
+copy's sidecars say (receipt, trash mark, importance change, holds, damage).
+The result is :class:`CheckpointView`: the pure policy's input dataclasses
+(:mod:`mouthguard.policy.facts`) plus what I/O needs (readable copies, damaged
+and unreachable tiers). This module does the reading; the policy never does.
+
+Used by ``Checkpointer.info`` (:mod:`~mouthguard.checkpoint.describe`) and by the
+jobs (replication, retention), so every part of the system judges from the same facts.
 """
 
 from __future__ import annotations

@@ -1,0 +1,233 @@
+"""The save pipeline behind ``Checkpointer.save`` and ``save_async``.
+
+One save, synchronous or not, runs the same steps::
+
+    wait for the async save in flight        (one at a time: saves commit in call order)
+    flatten the state; what the manifest records besides tensors (SaveRequest)
+    [async: lay out the rank file, snapshot the state into the staging buffer, return]
+    listener.save_started()                  background copies yield the disk
+    committer.commit_save(fast tier, ...)    every rank's file, then the manifest
+    listener.save_finished()                 also when the save failed
+    after_commit: hint down, listener.notify_commit   (coordinator only)
+    the CheckpointInfo handed back
+
+A rank that fails before it can write (state that needs pickle) still takes
+part in the commit's collectives with its failure, so its peers raise
+``RankFailedError`` instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
+from mouthguard.checkpoint.commit import after_commit
+from mouthguard.checkpoint.committer import RankWriter, SaveRequest, commit_save
+from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo
+from mouthguard.checkpoint.listeners import CheckpointListener
+from mouthguard.checkpoint.ranks import RankGroup
+from mouthguard.checkpoint.staging import needs_pinned, snapshot
+from mouthguard.checkpoint.store import Store
+from mouthguard.checkpoint.writer import layout_for, write_rank_file, write_rank_image
+from mouthguard.format import typed_json
+from mouthguard.format.manifest import FileRecord, Manifest, TensorRecord
+from mouthguard.format.state_tree import FlatState, flatten_state
+from mouthguard.format.typed_json import JsonValue
+from mouthguard.policy.importance import Importance, parse_importance
+from mouthguard.tiers.key_material import Keyring
+
+log = logging.getLogger(__name__)
+
+
+class SavePipeline:
+    """Saves of one run on one rank: the steps of the module docstring.
+
+    Args:
+        store: where the saves go (its fast tier).
+        run: the run (already validated).
+        ranks: the ranks that save together.
+        manifest_keys: signing keys (None: unsigned).
+        with_sha256: record every file's sha256.
+        listener: who hears of the saves now (asked at every save, None: nobody).
+    """
+
+    def __init__(  # noqa: PLR0917 - the Checkpointer's settings, passed through once
+        self,
+        store: Store,
+        run: str,
+        ranks: RankGroup,
+        manifest_keys: Keyring | None,
+        with_sha256: bool,
+        listener: Callable[[], CheckpointListener | None],
+    ) -> None:
+        self.store = store
+        self.run = run
+        self.ranks = ranks
+        self.manifest_keys = manifest_keys
+        self.with_sha256 = with_sha256
+        self.listener = listener
+        #: The staging buffer and the thread of async saves (one save in flight).
+        self.saver = AsyncSaver(run)
+
+    def save(
+        self,
+        step: int,
+        state: object,
+        importance: str | Importance,
+        reference: Mapping[str, object] | None,
+    ) -> CheckpointInfo:
+        """``Checkpointer.save``: committed and durable on the fast tier when it returns."""
+        level = parse_importance(importance)
+        catalog.validate_step(step)
+        self.saver.wait_previous()
+        started = time.perf_counter()
+        try:
+            flat, request = self._request(step, state, level, reference)
+        except Exception as exc:
+            self._fail_with_peers(step, level, exc)
+            raise
+        tier = self.store.fast
+
+        def write_rank(staging: str) -> tuple[FileRecord, list[TensorRecord]]:
+            return write_rank_file(
+                tier,
+                staging,
+                rank=self.ranks.rank,
+                flat=flat,
+                metadata=self._file_metadata(step),
+                with_sha256=self.with_sha256,
+            )
+
+        manifest = self._commit_on_fast(request, write_rank)
+        elapsed = time.perf_counter() - started
+        return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=elapsed)
+
+    def save_async(
+        self,
+        step: int,
+        state: object,
+        importance: str | Importance,
+        reference: Mapping[str, object] | None,
+    ) -> SaveHandle:
+        """``Checkpointer.save_async``: returns once the state is snapshotted."""
+        entered = time.perf_counter()
+        level = parse_importance(importance)
+        catalog.validate_step(step)
+        waited = self.saver.wait_previous()
+        try:
+            flat, request = self._request(step, state, level, reference)
+            layout = layout_for(flat, self._file_metadata(step))
+            image = self.saver.staging.reserve(layout.size, pinned=needs_pinned(flat))
+            snapshot(flat, layout, image)
+        except Exception as exc:
+            if self.ranks.world_size > 1:
+                # The peers' background jobs are entering the commit collectives:
+                # join them with the failure, in the background like theirs.
+                failure = exc
+                failed = self.saver.submit(
+                    self.run,
+                    step,
+                    lambda: self._fail_with_peers(step, level, failure),
+                    Snapshot(0, 0),
+                )
+                failed.wait()
+            raise
+        del flat  # the background job needs the layout and the image, not the state
+        stall = time.perf_counter() - entered
+        log.info("%s step %d snapshotted in %.3f s (waited %.3f s)", self.run, step, stall, waited)
+        tier = self.store.fast
+
+        def write_rank(staging: str) -> tuple[FileRecord, list[TensorRecord]]:
+            return write_rank_image(
+                tier,
+                staging,
+                rank=self.ranks.rank,
+                layout=layout,
+                image=memoryview(image.numpy()).cast("B"),  # type: ignore[arg-type]
+                with_sha256=self.with_sha256,
+            )
+
+        def job() -> CheckpointInfo:
+            manifest = self._commit_on_fast(request, write_rank)
+            elapsed = time.perf_counter() - entered
+            return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=stall)
+
+        return self.saver.submit(self.run, step, job, Snapshot(stall, waited))
+
+    def _request(
+        self,
+        step: int,
+        state: object,
+        level: Importance,
+        reference: Mapping[str, object] | None,
+    ) -> tuple[FlatState, SaveRequest]:
+        """The state split for writing, and what the commit records besides its tensors."""
+        flat = flatten_state(state)
+        reference_json = _reference_json(reference)
+        request = SaveRequest(
+            self.run, step, level, flat.skeleton, reference_json, signing=self.manifest_keys
+        )
+        return flat, request
+
+    def _fail_with_peers(self, step: int, level: Importance, exc: Exception) -> CheckpointInfo:
+        """Take part in a multi-rank commit with a local failure, so no peer waits forever.
+
+        Every rank then raises: this one ``exc``, the others RankFailedError. With
+        one rank it just raises ``exc``.
+        """
+        if self.ranks.world_size > 1:
+
+            def fail(_staging: str) -> tuple[FileRecord, list[TensorRecord]]:
+                raise exc
+
+            commit_save(self.store.fast, SaveRequest(self.run, step, level, None), fail, self.ranks)
+        raise exc
+
+    def _file_metadata(self, step: int) -> dict[str, str]:
+        return {
+            "format": "mouthguard.checkpoint",
+            "run": self.run,
+            "step": str(step),
+            "rank": str(self.ranks.rank),
+        }
+
+    def _commit_on_fast(self, request: SaveRequest, write_rank: RankWriter) -> Manifest:
+        """Write and commit on the fast tier while background copies yield the disk."""
+        listener = self.listener()
+        if listener is not None:
+            listener.save_started()  # background copies yield the disk to this burst
+        try:
+            return commit_save(self.store.fast, request, write_rank, self.ranks)
+        finally:
+            if listener is not None:
+                listener.save_finished()
+
+    def _after_commit(
+        self, manifest: Manifest, level: Importance, *, save_seconds: float, stall_seconds: float
+    ) -> CheckpointInfo:
+        """Log, then :func:`~mouthguard.checkpoint.commit.after_commit`; the caller's info."""
+        log.info(
+            "saved %s step %d (%s, %d bytes, %s) in %.3f s, stalled %.3f s",
+            self.run,
+            manifest.step,
+            level.value,
+            manifest.nbytes,
+            self.ranks.describe(),
+            save_seconds,
+            stall_seconds,
+        )
+        tier = self.store.fast
+        if self.ranks.is_coordinator:
+            after_commit(tier, manifest, self.listener())
+        final = catalog.checkpoint_prefix(self.run, manifest.step)
+        copy = CopyInfo(tier=tier.name, location=tier.location(final))
+        return CheckpointInfo.from_manifest(
+            manifest, (copy,), save_seconds=save_seconds, stall_seconds=stall_seconds
+        )
+
+
+def _reference_json(reference: Mapping[str, object] | None) -> JsonValue:
+    return None if reference is None else typed_json.encode(dict(reference), root="reference")
