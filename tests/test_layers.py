@@ -31,6 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     # The economics (sizing, intervals, the simulator): pure arithmetic and plots.
     "plan": {"errors", "plan"},
     "demo": {"errors", "format", "policy", "tiers", "config", "checkpoint", "jobs", "demo"},
+    # Datasets: shards, manifests (signed as checkpoints are), the cache and the loader.
+    "data": {"errors", "format", "tiers", "data"},
     "cli": {
         "errors",
         "format",
