@@ -8,19 +8,26 @@
 * any :class:`~mouthguard.tiers.Tier` plus a key prefix.
 
 A location built from a path or a URL remembers how it was opened
-(:attr:`Location.spec`), so a process that did not open it (a DataLoader worker,
-which may be forked or spawned) opens its own tier instead of using one whose
-connections belong to its parent. Reading never creates anything: a path that
-is not a directory is :class:`~mouthguard.errors.DatasetNotFoundError`.
+(:attr:`Location.spec`), so a process that did not open it (a DataLoader worker)
+opens its own tier instead of using one whose connections belong to its parent.
+A spawned worker does so as it unpickles the location; a forked one when it
+first reads. The S3 client (obstore, on a tokio runtime) does not survive
+``fork`` at all -- a forked child that touches it hangs, even with a new
+client -- so an S3 location inherited across a fork is refused with an
+explanation (:meth:`Location.reopened`) instead of hanging; DataLoader workers
+for S3 datasets are spawned (:class:`~mouthguard.data.loader.StreamingDataLoader`
+does that by itself). Reading never creates anything: a path that is not a
+directory is :class:`~mouthguard.errors.DatasetNotFoundError`.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mouthguard.errors import DatasetNotFoundError
+from mouthguard.errors import DatasetError, DatasetNotFoundError
 from mouthguard.tiers import Tier, join_key
 from mouthguard.tiers.keys import validate_prefix
 from mouthguard.tiers.local import LocalTier
@@ -38,11 +45,13 @@ class Location:
     Attributes:
         spec: how to open the tier again in another process (None for a tier the
             caller passed in, which is then used as it is).
+        pid: the process that opened ``tier``.
     """
 
     tier: Tier = field(compare=False)
     prefix: str
     spec: Spec | None = None
+    pid: int = field(default_factory=os.getpid, compare=False)
 
     def key(self, *parts: str) -> str:
         """The tier key of ``parts`` under the prefix (validated)."""
@@ -56,17 +65,38 @@ class Location:
         """A path or URL for messages."""
         return self.tier.location(self.prefix)
 
+    @property
+    def fork_safe(self) -> bool:
+        """Whether a forked child may use this location (false for S3: see the module doc)."""
+        if self.spec is not None:
+            return self.spec[0] != "s3"
+        s3 = sys.modules.get("mouthguard.tiers.s3")  # loaded if an S3 tier exists at all
+        return s3 is None or not isinstance(self.tier, s3.S3Tier)
+
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         # A spawned worker unpickles a path or URL location by opening its own tier.
         if self.spec is None:
-            return (Location, (self.tier, self.prefix, None))
+            return (Location, (self.tier, self.prefix, None, os.getpid()))
         return (_reopen, (self.spec, self.prefix))
 
     def reopened(self) -> Location:
-        """This location with a tier opened by the calling process (where the spec allows)."""
+        """This location with a tier that belongs to the calling process.
+
+        Raises:
+            DatasetError: an S3 location inherited across a fork (see the module doc).
+        """
+        if self.pid == os.getpid():
+            return self
+        if not self.fork_safe:
+            raise DatasetError(
+                f"{self.describe()} was opened by process {self.pid} and inherited by fork; "
+                "the S3 client cannot be used after a fork (it would hang): start DataLoader "
+                "workers with multiprocessing_context='spawn' (StreamingDataLoader does), "
+                "and pass the s3:// URL rather than a tier object"
+            )
         if self.spec is None:
             return self
-        return replace(self, tier=open_tier(self.spec, create=False))
+        return replace(self, tier=open_tier(self.spec, create=False), pid=os.getpid())
 
 
 def open_tier(spec: Spec, *, create: bool) -> Tier:
