@@ -43,6 +43,7 @@ ALLOWED: dict[str, set[str]] = {
         "jobs",
         "demo",
         "plan",
+        "data",
         "cli",
     },
 }

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mouthguard.checkpoint.store import open_store
-from mouthguard.cli import chaos, checking, doctor, lifecycle, listing, ops, plan, simulate
+from mouthguard.cli import chaos, checking, data, doctor, lifecycle, listing, ops, plan, simulate
 from mouthguard.cli.argtypes import NON_NEGATIVE, NON_NEGATIVE_INT, STEP, Parser, Version
 from mouthguard.cli.render import error_console, stdout_console
 from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardError
@@ -42,7 +42,7 @@ DEFAULT_STORE = "./mouthguard-store"
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
 #: Commands that need no store: --store after them is not offered.
-_STORELESS = {"plan", "simulate"}
+_STORELESS = {"plan", "simulate", "data"}
 _STORE_HELP = "store directory or mouthguard.toml"
 
 
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     simulate.add_parser(sub)
     chaos.add_parser(sub)
+    data.add_parser(sub)
     _store_after_command(sub)
     return parser
 
@@ -147,8 +148,8 @@ def _main(argv: Sequence[str] | None) -> int:
             from mouthguard.cli.demo import run_demo  # noqa: PLC0415 - heavy, demo only
 
             return run_demo(Path(args.store), console, as_json=args.json)
-        if args.command in {"plan", "simulate"}:  # arithmetic: no store needed
-            runner = plan.run if args.command == "plan" else simulate.run
+        if args.command in _STORELESS:  # arithmetic, or datasets that name their own place
+            runner = {"plan": plan.run, "simulate": simulate.run, "data": data.run}[args.command]
             return runner(args, console)
         store = open_store(args.store, create=False)
         handlers: dict[str, ops.Handler] = {"ls": listing.ls, "show": listing.show}
