@@ -6,7 +6,7 @@
 
     pack("photos/", "datasets/", "photos")                 # x.jpg + x.json -> one sample
     ds = StreamingDataset("datasets/photos", shuffle=True, seed=0, batch_size=32,
-                          cache_dir="/local/nvme/cache", cache_limit=100 << 30)
+                          cache_dir="/mnt/nvme/cache", cache_limit=100 << 30)
     loader = StreamingDataLoader(ds, batch_size=32, num_workers=4)
     state = loader.state_dict()                            # epoch, position, seed, fingerprint
 

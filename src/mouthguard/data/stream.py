@@ -85,6 +85,9 @@ class StreamingDataset(IterableDataset[Any]):
         cache_dir: a local directory for verified shards, shared by the processes
             that name it; None: see the module docstring.
         cache_limit: bytes the cache may hold (None: half its filesystem's free space).
+            Each worker keeps ``shuffle_window`` shards open and ``prefetch`` more
+            pinned: give the cache room for that many shards per worker, or readers
+            will fetch beyond the limit rather than wait.
         verify_cache: ``stat`` or ``always`` (see :mod:`~mouthguard.data.cache`); the
             same choice for a local dataset read in place.
         decode: applied to each sample dict before it is yielded.
