@@ -150,6 +150,8 @@ HOSTILE: dict[str, Callable[[Body], None]] = {
     "size a bool": _shard("size", True),
     "size not whole records": _shard("size", 10241),
     "zero samples": _shard("samples", 0),
+    "more samples than bytes": _shard("samples", 21),  # 10240 bytes hold at most 20
+    "a billion samples": lambda b: b["shards"][0].update(size=10240 * 10**6, samples=10**9),
     "totals that do not add up": lambda b: b["totals"].__setitem__("samples", 999),
     "a fingerprint of other shards": lambda b: b.__setitem__("fingerprint", "sha256:" + "0" * 64),
     "a bad time": lambda b: b.__setitem__("created", "yesterday"),

@@ -26,6 +26,7 @@ Parsing trusts nothing: a size cap, the seal, the signature when a key is
 configured (required then: an unsigned manifest is refused), exact member sets,
 every type, names that are the format's own (``shard-NNNNNN.tar``, numbered from
 0 in order, each with its own index name), sha256s that are 64 hex digits,
+sample counts a shard of its size can hold (at most ``MAX_SHARD_SAMPLES``),
 totals that add up and a fingerprint that matches the shard list.
 
 Residual risks, as for checkpoints: without a key the checksums catch damage,
@@ -55,6 +56,10 @@ DATASET_VERSION = 1
 KIND = "webdataset"
 #: A million shards' records are about 300 MB; anything larger is refused unread.
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
+#: Samples one shard may claim. A sample takes at least one 512-byte tar header, and
+#: the loader plans a window of shards in memory from these counts before any index
+#: is read: a hostile count must not become an allocation.
+MAX_SHARD_SAMPLES = 10_000_000
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FINGERPRINT_DOMAIN = b"mouthguard.dataset.fingerprint.v1\n"
 
@@ -206,11 +211,14 @@ class _Checker:
         size = self.count(obj["size"], f"{where} size", 1)
         if size % 10240:  # tarfile pads every archive to whole 10240-byte records
             raise self.fail(f"{where} size {size} is not a whole number of tar records")
+        samples = self.count(obj["samples"], f"{where} samples", 1)
+        if samples > min(MAX_SHARD_SAMPLES, size // 512):
+            raise self.fail(f"{where} claims {samples} samples: more than {size} bytes can hold")
         return ShardRecord(
             name,
             size,
             self.sha(obj["sha256"], f"{where} sha256"),
-            self.count(obj["samples"], f"{where} samples", 1),
+            samples,
             IndexRecord(
                 names.index_name(name),
                 self.count(index["size"], f"{where} index size", 1),
