@@ -72,5 +72,12 @@ def index_path(dataset_dir: Path, number: int) -> Path:
 
 
 def dir_bytes(path: Path) -> int:
-    """Bytes of every regular file under ``path``."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes of every regular file under ``path`` (files removed meanwhile count as 0)."""
+    total = 0
+    for entry in path.rglob("*"):
+        try:  # measured while other processes evict and rename: a file may vanish
+            if entry.is_file():
+                total += entry.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
