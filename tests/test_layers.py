@@ -50,10 +50,12 @@ ALLOWED: dict[str, set[str]] = {
     # The economics (sizing, intervals, the simulator): pure arithmetic and plots.
     "plan": {"errors", "plan"},
     "testing": {"errors", "tiers", "testing"},  # the kit for tier authors: above tiers only
+    # Datasets: shards, manifests (signed as checkpoints are), the cache and the loader.
+    "data": {"errors", "format", "tiers", "data"},
     "demo": _BASE | {"checkpoint", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},
-    "cli": _BASE | {"checkpoint", "jobs", "demo", "plan", "chaos", "cli"},
+    "cli": _BASE | {"checkpoint", "jobs", "demo", "plan", "chaos", "data", "cli"},
 }
 
 

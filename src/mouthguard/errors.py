@@ -133,6 +133,54 @@ class ConfigError(MouthguardError):
     """A store configuration (``mouthguard.toml``) is invalid."""
 
 
+# --- datasets --------------------------------------------------------------
+
+
+class DatasetError(MouthguardError):
+    """Base class for dataset-level failures (``mouthguard.data``)."""
+
+
+class DatasetNotFoundError(DatasetError):
+    """No committed dataset (no ``dataset.json``) at the location named."""
+
+
+class DatasetExistsError(DatasetError):
+    """A committed dataset, or the debris of an unfinished write, is already there."""
+
+
+class SampleError(DatasetError):
+    """A sample given to a writer cannot be stored as WebDataset would read it back.
+
+    The message names the sample's key (and the member, or the source file).
+    """
+
+
+class ShardDamagedError(FormatError):
+    """A shard or its index does not match the dataset manifest (damaged or hostile).
+
+    Attributes:
+        shard: the shard's name (``shard-000007.tar``); the message names it too, so
+            the error keeps its meaning when a DataLoader worker re-raises it in the
+            main process (torch rebuilds it from the message alone).
+    """
+
+    def __init__(self, message: str, *, shard: str = "") -> None:
+        super().__init__(message)
+        self.shard = shard
+
+
+class DatasetChangedError(DatasetError):
+    """A saved data-loader position belongs to another dataset version.
+
+    The message names both fingerprints; ``load_state_dict(..., force=True)``
+    resumes anyway.
+    """
+
+
+class DataStateError(DatasetError):
+    """A saved data-loader state is malformed or was saved under another configuration."""
+
+
 def is_data_damage(exc: BaseException) -> bool:
     """Whether ``exc`` proves the stored bytes are damaged (not merely unreachable).
 

@@ -87,6 +87,10 @@ class TrainingState:
         scheduler: optional LR scheduler.
         step: the current training step.
         metadata: user values saved alongside (typed JSON: no arbitrary objects).
+        data: optional data-loader position (``mouthguard.data.StreamingDataLoader``),
+            saved under ``"data"``. Restoring it first refuses a changed dataset
+            (``DatasetChangedError`` naming both fingerprints) before anything else
+            is touched; ``load_state_dict(state, force_data=True)`` resumes anyway.
     """
 
     def __init__(
@@ -97,8 +101,10 @@ class TrainingState:
         *,
         step: int = 0,
         metadata: dict[str, object] | None = None,
+        data: Stateful | None = None,
     ) -> None:
         self.model = model
+        self.data = data
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.step = step
@@ -116,20 +122,37 @@ class TrainingState:
             state["optimizer"] = self.optimizer.state_dict()
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
+        if self.data is not None:
+            state["data"] = self.data.state_dict()
         return state
 
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
+    def load_state_dict(self, state: Mapping[str, object], *, force_data: bool = False) -> None:
         """Restore everything captured by :meth:`state_dict`.
+
+        Args:
+            state: what :meth:`state_dict` returned (as loaded from a checkpoint).
+            force_data: resume the data position even if the dataset changed.
 
         Raises:
             StateMismatchError: a part this object needs is missing from ``state``.
+            DatasetChangedError: the data position belongs to another dataset version.
         """
-        for part, owner in (("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+        for part, owner in (
+            ("optimizer", self.optimizer),
+            ("scheduler", self.scheduler),
+            ("data", self.data),
+        ):
             if owner is not None and part not in state:
                 raise StateMismatchError(f"checkpoint has no {part} state to restore")
         step = state.get("step")
         if not isinstance(step, int):
             raise StateMismatchError("checkpoint has no integer 'step'")
+        if self.data is not None:  # first: a refused dataset leaves everything untouched
+            data: Any = self.data
+            if force_data:
+                data.load_state_dict(state["data"], force=True)
+            else:
+                data.load_state_dict(state["data"])
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])

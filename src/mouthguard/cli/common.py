@@ -62,6 +62,9 @@ Handler = Callable[[Store, argparse.Namespace, Console], int]
 
 _T = TypeVar("_T")
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+_BYTE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BYTE_UNITS.update({"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40})
+_BYTE_SIZE = re.compile(r"\s*([0-9]+)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
 _SIZED = re.compile(r"\s*([0-9.eE+-]+)\s*([kmgtp]?)b?(?:/s)?\s*", re.IGNORECASE)
 
 
@@ -194,6 +197,20 @@ NON_NEGATIVE = number(0)
 PROBABILITY = number(0, 1)
 #: Bytes or bytes per second > 0, with an optional decimal suffix (600G, 30.72TB).
 BYTES = number(0, strict=True, units=True)
+
+
+def _byte_size(text: str) -> int:
+    """``268435456``, ``256MiB`` (binary), ``250MB`` or ``250M`` (decimal) -> bytes (> 0)."""
+    match = _BYTE_SIZE.fullmatch(text)
+    if match is None or int(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a size in bytes > 0 (256MiB, 250MB, 268435456): {text!r}"
+        )
+    return int(match.group(1)) * _BYTE_UNITS[(match.group(2) or "").lower()]
+
+
+#: A size in bytes, an integer > 0: ``268435456``, ``256MiB`` (binary) or ``250MB`` (decimal).
+BYTE_SIZE = _byte_size
 
 
 def failure_hours(text: str) -> tuple[float, ...]:

@@ -41,6 +41,7 @@ from mouthguard.cli import (
     agent,
     chaos,
     checking,
+    data,
     doctor,
     facts,
     lifecycle,
@@ -67,7 +68,7 @@ from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardEr
 
 DEFAULT_STORE = "./mouthguard-store"
 #: Commands that need no store: --store after them is not offered.
-_STORELESS = {"plan", "simulate"}
+_STORELESS = {"plan", "simulate", "data"}
 _STORE_HELP = "store directory or mouthguard.toml"
 
 
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     simulate.add_parser(sub)
     chaos.add_parser(sub)
+    data.add_parser(sub)
     _store_after_command(sub)
     return parser
 
@@ -184,8 +186,8 @@ def _main(argv: Sequence[str] | None) -> int:
             from mouthguard.cli.demo import run_demo  # noqa: PLC0415 - heavy, demo only
 
             return run_demo(Path(args.store), console, as_json=args.json)
-        if args.command in {"plan", "simulate"}:  # arithmetic: no store needed
-            runner = plan.run if args.command == "plan" else simulate.run
+        if args.command in _STORELESS:  # arithmetic, or datasets that name their own place
+            runner = {"plan": plan.run, "simulate": simulate.run, "data": data.run}[args.command]
             return runner(args, console)
         store = open_store(args.store, create=False)
         return _HANDLERS[args.command](store, args, console)

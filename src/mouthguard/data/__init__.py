@@ -1,0 +1,74 @@
+"""Datasets: verified WebDataset shards, a bounded shared cache, and an exactly resumable loader.
+
+::
+
+    from mouthguard.data import ShardWriter, StreamingDataLoader, StreamingDataset, pack
+
+    pack("photos/", "datasets/", "photos")                 # x.jpg + x.json -> one sample
+    ds = StreamingDataset("datasets/photos", shuffle=True, seed=0, batch_size=32,
+                          cache_dir="/mnt/nvme/cache", cache_limit=100 << 30)
+    loader = StreamingDataLoader(ds, batch_size=32, num_workers=4)
+    state = loader.state_dict()                            # epoch, position, seed, fingerprint
+
+Module map: :mod:`~mouthguard.data.names` (layout, key rules),
+:mod:`~mouthguard.data.tarfmt` (deterministic tar bytes),
+:mod:`~mouthguard.data.index` and :mod:`~mouthguard.data.manifest` (formats and
+their hostile-input parsers), :mod:`~mouthguard.data.writer` and
+:mod:`~mouthguard.data.pack` (writing), :mod:`~mouthguard.data.dataset` and
+:mod:`~mouthguard.data.verify` (reading and checking),
+:mod:`~mouthguard.data.order` (epoch order and partitioning),
+:mod:`~mouthguard.data.cache` and :mod:`~mouthguard.data.fetch` (the local cache,
+downloads and prefetch), :mod:`~mouthguard.data.stream` and
+:mod:`~mouthguard.data.loader` (the torch side).
+
+The torch side is imported on first use, so the command line and the writer
+start without torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mouthguard.data.burst import BurstSignal
+from mouthguard.data.dataset import Dataset, open_dataset
+from mouthguard.data.manifest import DatasetManifest, ShardRecord
+from mouthguard.data.pack import pack
+from mouthguard.data.verify import ShardCheck, VerifyReport, verify_dataset
+from mouthguard.data.writer import ShardWriter, discard_incomplete
+
+if TYPE_CHECKING:
+    from mouthguard.data.loader import StreamingDataLoader
+    from mouthguard.data.stream import StreamingDataset
+
+_LAZY = {
+    "StreamingDataLoader": "mouthguard.data.loader",
+    "StreamingDataset": "mouthguard.data.stream",
+}
+
+__all__ = [
+    "BurstSignal",
+    "Dataset",
+    "DatasetManifest",
+    "ShardCheck",
+    "ShardRecord",
+    "ShardWriter",
+    "StreamingDataLoader",
+    "StreamingDataset",
+    "VerifyReport",
+    "discard_incomplete",
+    "open_dataset",
+    "pack",
+    "verify_dataset",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the torch-side classes on first use (see the module docstring)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib  # noqa: PLC0415 - only on first use of a lazy name
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

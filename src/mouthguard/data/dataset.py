@@ -1,0 +1,161 @@
+"""A committed dataset, opened: its location and its verified manifest.
+
+:func:`open_dataset` reads ``dataset.json``, checks it as hostile input (seal,
+signature when a manifest key is configured, every field; see
+:mod:`~mouthguard.data.manifest`) and returns a :class:`Dataset`. Nothing else
+is read: shards are verified by whoever reads them (the loader before yielding a
+sample of one, :func:`~mouthguard.data.verify.verify_dataset` for all of them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from mouthguard.data import names
+from mouthguard.data.index import ShardIndex, parse_index
+from mouthguard.data.location import Location, Target, locate
+from mouthguard.data.manifest import (
+    MAX_MANIFEST_BYTES,
+    DatasetManifest,
+    ShardRecord,
+    parse_manifest,
+)
+from mouthguard.errors import (
+    DatasetNotFoundError,
+    ManifestError,
+    ObjectNotFoundError,
+    ShardDamagedError,
+)
+from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
+from mouthguard.tiers.key_material import Keyring
+
+#: An index larger than this is refused unread (a quarter-million samples take a few MiB).
+MAX_INDEX_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A committed dataset: where it is and what its verified manifest says."""
+
+    location: Location
+    manifest: DatasetManifest
+
+    @property
+    def name(self) -> str:
+        """The dataset's name."""
+        return self.manifest.name
+
+    @property
+    def shards(self) -> tuple[ShardRecord, ...]:
+        """The shards, in order."""
+        return self.manifest.shards
+
+    @property
+    def samples(self) -> int:
+        """Samples in the dataset."""
+        return self.manifest.samples
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all shards."""
+        return self.manifest.nbytes
+
+    @property
+    def fingerprint(self) -> str:
+        """``sha256:<hex>`` naming the content (:func:`~mouthguard.data.manifest.fingerprint`)."""
+        return self.manifest.fingerprint
+
+    def shard_key(self, shard: ShardRecord) -> str:
+        """The tier key of ``shard``."""
+        return self.location.key(names.SHARDS_DIR, shard.name)
+
+    def index_key(self, shard: ShardRecord) -> str:
+        """The tier key of ``shard``'s index."""
+        return self.location.key(names.SHARDS_DIR, shard.index.name)
+
+    def read_index(self, shard: ShardRecord) -> ShardIndex:
+        """Read ``shard``'s index from the tier, check it against the manifest, parse it.
+
+        Raises:
+            ShardDamagedError: missing, wrong size or sha256, or malformed.
+            TierError: the tier could not be read (not damage).
+        """
+        try:
+            raw = self.location.tier.get(self.index_key(shard))
+        except ObjectNotFoundError:
+            raise ShardDamagedError(
+                f"shard {shard.name}: index {shard.index.name} is missing", shard=shard.name
+            ) from None
+        return check_index(shard, raw)
+
+
+def check_index(shard: ShardRecord, raw: bytes) -> ShardIndex:
+    """``raw`` as ``shard``'s index: size and sha256 against the manifest, then parsed.
+
+    Raises:
+        ShardDamagedError: any mismatch; the message names the shard.
+    """
+    if len(raw) != shard.index.size or len(raw) > MAX_INDEX_BYTES:
+        raise ShardDamagedError(
+            f"shard {shard.name}: index is {len(raw)} bytes, the manifest says {shard.index.size}",
+            shard=shard.name,
+        )
+    if hashlib.sha256(raw).hexdigest() != shard.index.sha256:
+        raise ShardDamagedError(
+            f"shard {shard.name}: index sha256 does not match the manifest", shard=shard.name
+        )
+    return parse_index(raw, shard=shard.name, size=shard.size, count=shard.samples)
+
+
+def read_manifest(location: Location, keys: Keyring | None) -> DatasetManifest:
+    """Read and verify the manifest at ``location``.
+
+    Raises:
+        DatasetNotFoundError: there is no ``dataset.json`` (nothing committed there).
+        ManifestError: too large, corrupt, inconsistent; SignatureError (a
+            ManifestError) when a key is configured and the signature fails.
+        TierError: the tier could not be read.
+    """
+    key = location.key(names.MANIFEST_NAME)
+    try:
+        size = location.tier.head(key).size
+        if size > MAX_MANIFEST_BYTES:
+            raise ManifestError(
+                f"dataset manifest at {location.describe()} is {size} bytes: over the limit"
+            )
+        raw = location.tier.get(key)
+    except ObjectNotFoundError:
+        raise DatasetNotFoundError(
+            f"no dataset at {location.describe()} (no {names.MANIFEST_NAME}: nothing committed)"
+        ) from None
+    return parse_manifest(raw, keys)
+
+
+def resolve_keys(signing_key: KeySpec | None) -> Keyring | None:
+    """The manifest keys: ``signing_key`` if given, else ``$MOUTHGUARD_MANIFEST_KEY``."""
+    return manifest_keys(signing_key) if signing_key is not None else keys_from_env()
+
+
+def open_dataset(
+    source: Target, *, prefix: str = "", signing_key: KeySpec | None = None
+) -> Dataset:
+    """Open the committed dataset at ``source`` (+ ``prefix``), its manifest verified.
+
+    Args:
+        source: the dataset's directory, its ``s3://bucket/prefix`` URL, or a tier.
+        prefix: the dataset's key prefix inside ``source``.
+        signing_key: manifest keys; default ``$MOUTHGUARD_MANIFEST_KEY``. With a
+            key, the manifest must carry a valid signature.
+
+    Raises:
+        DatasetNotFoundError: nothing is committed there.
+        ManifestError: the manifest is damaged, hostile or (with a key) unsigned.
+    """
+    location = locate(source, prefix)
+    return Dataset(location, read_manifest(location, resolve_keys(signing_key)))
+
+
+def open_at(location: Location, keys: Keyring | None) -> Dataset:
+    """The dataset at an already opened ``location``."""
+    return Dataset(location, read_manifest(location, keys))

@@ -1,0 +1,135 @@
+"""``StreamingDataLoader``: a DataLoader that knows how far it got, for exact resume with workers.
+
+DataLoader workers each hold a copy of the dataset; the main process never
+learns what they yielded, only what it hands to the training loop. So the
+position is counted here, at delivery: every batch but a rank's last holds
+exactly ``batch_size`` samples (workers take whole batches of the rank's
+sequence in turn; :mod:`~mouthguard.data.order`), so after ``j`` batches from
+position ``n`` the rank has consumed ``min(n + j * batch_size, epoch length)``
+samples, whatever ``collate_fn`` makes of them.
+
+Before each iteration the loader sets the dataset's start position, and the
+workers, created by that iteration, begin there. An iteration that runs to the
+end of the epoch moves the position to the start of the next one.
+
+``persistent_workers`` is refused: persistent workers keep the dataset copy of
+their first iteration and would never see a new position. Workers of a dataset
+on S3 are spawned unless ``multiprocessing_context`` says otherwise: the S3
+client does not survive ``fork`` (:mod:`~mouthguard.data.location`); each
+spawned worker opens its own connection from the dataset's ``s3://`` URL. A burst signal of
+the dataset is mirrored into the workers through shared memory
+(:class:`~mouthguard.data.burst.SharedBurst`) for the iteration's duration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from torch.utils.data import DataLoader
+
+from mouthguard.data.burst import SharedBurst
+from mouthguard.data.stream import StreamingDataset
+
+
+class StreamingDataLoader(DataLoader[Any]):
+    """A ``DataLoader`` over a :class:`StreamingDataset` with ``state_dict``/``load_state_dict``.
+
+    Args:
+        dataset: the dataset; its ``batch_size`` must be the loader's.
+        batch_size: default the dataset's; None turns automatic batching off
+            (then each item counts as one sample).
+        **kwargs: any other ``DataLoader`` argument (``num_workers``,
+            ``collate_fn``, ``pin_memory``, ``prefetch_factor``, ...), except
+            ``persistent_workers=True``.
+
+    Raises:
+        ValueError: the batch sizes differ, or ``persistent_workers`` is set.
+    """
+
+    def __init__(
+        self,
+        dataset: StreamingDataset,
+        batch_size: int | Literal["dataset"] | None = "dataset",
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, StreamingDataset):
+            raise TypeError("StreamingDataLoader needs a StreamingDataset")
+        size = dataset.batch_size if batch_size == "dataset" else batch_size
+        if size is not None and size != dataset.batch_size:
+            raise ValueError(
+                f"the loader's batch_size ({size}) must be the dataset's ({dataset.batch_size}): "
+                "workers take whole batches of the dataset's size in turn"
+            )
+        if kwargs.get("persistent_workers"):
+            raise ValueError("persistent_workers would keep a stale dataset position; leave it off")
+        location = dataset.dataset.location
+        if kwargs.get("num_workers", 0) > 0 and not location.fork_safe:
+            if location.spec is None:
+                raise ValueError(
+                    "DataLoader workers cannot share an S3 tier object: pass the dataset's "
+                    "s3:// URL, so that each worker opens its own connection"
+                )
+            kwargs.setdefault("multiprocessing_context", "spawn")
+        super().__init__(dataset, batch_size=size if isinstance(size, int) else None, **kwargs)
+        self._stream = dataset
+        self._epoch = dataset.epoch
+        self._consumed = dataset.consumed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._epoch
+
+    @property
+    def consumed(self) -> int:
+        """Samples of that epoch this rank has delivered."""
+        return self._consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` next from its start, unless it is the epoch in progress (resume)."""
+        self._stream.set_position(self._epoch, self._consumed)
+        self._stream.set_epoch(epoch)
+        self._epoch, self._consumed = self._stream.epoch, self._stream.consumed
+
+    def state_dict(self) -> dict[str, object]:
+        """Epoch, samples delivered on this rank, seed, dataset fingerprint and order settings."""
+        self._stream.set_position(self._epoch, self._consumed)
+        return self._stream.state_dict()
+
+    def load_state_dict(self, state: object, *, force: bool = False) -> None:
+        """Resume at a saved position (see :meth:`StreamingDataset.load_state_dict`).
+
+        Raises:
+            DatasetChangedError: the dataset changed (both fingerprints named);
+                ``force=True`` resumes anyway.
+            DataStateError: malformed, or saved under another order or partition.
+        """
+        self._stream.load_state_dict(state, force=force)
+        self._epoch, self._consumed = self._stream.epoch, self._stream.consumed
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator of batches
+        stream = self._stream
+        stream.set_position(self._epoch, self._consumed)
+        total = stream.samples_per_rank()
+        step = self.batch_size if self.batch_size is not None else 1
+        burst = stream.burst
+        shared = SharedBurst(burst) if burst is not None and self.num_workers > 0 else None
+        if shared is not None:
+            stream.burst = shared  # what the workers copy, now, as they start
+        try:
+            batches = super().__iter__()
+        finally:
+            stream.burst = burst
+        finished = False
+        try:
+            for batch in batches:
+                self._consumed = min(self._consumed + step, total)
+                yield batch
+            finished = True
+        finally:
+            if shared is not None:
+                shared.stop()
+        if finished:
+            self._epoch, self._consumed = self._epoch + 1, 0
+            stream.set_position(self._epoch, self._consumed)

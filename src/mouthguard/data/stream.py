@@ -1,0 +1,296 @@
+"""``StreamingDataset``: a torch ``IterableDataset`` over a verified dataset, exactly resumable.
+
+Each iteration yields this process's share of one epoch (see
+:mod:`~mouthguard.data.order` for the order and the partitioning across ranks
+and DataLoader workers) as dicts ``{"__key__": key, ext: bytes, ...}``, or what
+``decode`` makes of them. Shards come verified from the cache or in place
+(:mod:`~mouthguard.data.fetch`): no sample of a shard is yielded before the
+whole shard matched the manifest's sha256, and every member's tar header is
+checked against the index as the sample is read. A mismatch raises
+:class:`~mouthguard.errors.ShardDamagedError` naming the shard; a sample is
+never skipped.
+
+Position. Iterated in-process (no DataLoader workers), the dataset counts the
+samples it yields; when an epoch ends it moves to the next one. With workers,
+the main process cannot see what they yielded: use
+:class:`~mouthguard.data.loader.StreamingDataLoader`, which counts delivered
+samples and sets the dataset's start position before every iteration.
+``state_dict``/``load_state_dict`` carry the position (:mod:`~mouthguard.data.position`).
+
+Processes. The dataset is opened (manifest read and verified) where it is
+built; each DataLoader worker opens its own tier for a path or URL source, and
+uses the one given otherwise (a tier passed in must work in the workers, as a
+local tier does). Without ``cache_dir``, a local dataset is read in place and
+any other is cached in a temporary directory that the building process
+removes when the dataset is garbage-collected or at exit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch.distributed as dist
+from torch.utils.data import IterableDataset, get_worker_info
+
+from mouthguard.data import names, tarfmt
+from mouthguard.data.burst import BurstSignal
+from mouthguard.data.cache import ShardCache, ShardFile, Verify
+from mouthguard.data.dataset import Dataset, open_at, resolve_keys
+from mouthguard.data.fetch import Prefetcher, ReadSettings, ShardSource
+from mouthguard.data.location import Target, locate
+from mouthguard.data.order import (
+    BlockPlan,
+    EpochOrder,
+    Partition,
+    rank_length,
+    rank_span,
+    worker_plan,
+)
+from mouthguard.data.position import Position, parse_position, restore
+from mouthguard.errors import ShardDamagedError
+from mouthguard.format.signing import KeySpec
+from mouthguard.tiers.local import LocalTier
+
+Sample = dict[str, Any]
+
+
+def _remove_tree(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # a forked worker inherits the finalizer: only the owner removes
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _distributed() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class StreamingDataset(IterableDataset[Any]):
+    """A verified, cached, exactly resumable stream of a dataset's samples.
+
+    Args:
+        source: the dataset's directory, its ``s3://bucket/prefix`` URL, or a tier.
+        prefix: the dataset's key prefix inside ``source``.
+        shuffle: permute shards and, within blocks of ``shuffle_window`` shards, samples.
+        seed: the order's seed (with the epoch, it determines the whole order).
+        batch_size: the DataLoader's batch size: workers take whole batches in turn.
+        shuffle_window: shards whose samples are permuted together (all open at once).
+        cache_dir: a local directory for verified shards, shared by the processes
+            that name it; None: see the module docstring.
+        cache_limit: bytes the cache may hold (None: half its filesystem's free space).
+            Each worker keeps ``shuffle_window`` shards open and ``prefetch`` more
+            pinned: give the cache room for that many shards per worker, or readers
+            will fetch beyond the limit rather than wait.
+        verify_cache: ``stat`` or ``always`` (see :mod:`~mouthguard.data.cache`); the
+            same choice for a local dataset read in place.
+        decode: applied to each sample dict before it is yielded.
+        prefetch: shards opened ahead of the consumer, per process (0: none).
+        burst: a checkpoint-burst signal (``BurstGate``); prefetch yields to it.
+        rank: this rank (default: torch.distributed's, else 0).
+        world_size: ranks in the job (default: torch.distributed's, else 1).
+        signing_key: manifest keys; default ``$MOUTHGUARD_MANIFEST_KEY`` (then required).
+        range_size: bytes per range read of a download.
+        range_parallel: range reads in flight per download.
+
+    Raises:
+        DatasetNotFoundError: nothing is committed at ``source``.
+        ManifestError: the manifest is damaged, hostile, or (with a key) unsigned.
+    """
+
+    def __init__(
+        self,
+        source: Target,
+        *,
+        prefix: str = "",
+        shuffle: bool = False,
+        seed: int = 0,
+        batch_size: int = 1,
+        shuffle_window: int = 4,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        verify_cache: Verify = "stat",
+        decode: Callable[[Sample], Any] | None = None,
+        prefetch: int = 2,
+        burst: BurstSignal | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        signing_key: KeySpec | None = None,
+        range_size: int = 8 * 1024 * 1024,
+        range_parallel: int = 4,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1 or shuffle_window < 1 or prefetch < 0 or seed < 0:
+            raise ValueError("batch_size and shuffle_window must be >= 1; prefetch, seed >= 0")
+        keys = resolve_keys(signing_key)
+        self.dataset: Dataset = open_at(locate(source, prefix), keys)
+        found_rank, found_world = _distributed()
+        self.rank = found_rank if rank is None else rank
+        self.world_size = found_world if world_size is None else world_size
+        self.batch_size = batch_size
+        self.decode = decode
+        self.prefetch = prefetch
+        self.burst = burst
+        self.settings = ReadSettings(range_size, range_parallel)
+        self._position = Position(
+            fingerprint=self.dataset.fingerprint,
+            epoch=0,
+            consumed=0,
+            seed=seed,
+            shuffle=shuffle,
+            shuffle_window=shuffle_window,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        Partition(self.rank, self.world_size)  # refuses a rank outside the world now
+        if cache_dir is None and not isinstance(self.dataset.location.tier, LocalTier):
+            cache_dir = tempfile.mkdtemp(prefix="mouthguard-data-")
+            weakref.finalize(self, _remove_tree, cache_dir, os.getpid())
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_limit = cache_limit
+        self.verify_cache: Verify = verify_cache
+        if self.cache_dir is not None:  # refuses bad settings, and makes the directory, now
+            ShardCache(self.cache_dir, cache_limit, verify_cache)
+
+    # --- position --------------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset's fingerprint."""
+        return self.dataset.fingerprint
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._position.epoch
+
+    @property
+    def consumed(self) -> int:
+        """Samples of that epoch this rank has delivered already."""
+        return self._position.consumed
+
+    def samples_per_rank(self) -> int:
+        """Samples this rank reads in one epoch (the same for every epoch)."""
+        start, stop = rank_span(self.dataset.samples, self.rank, self.world_size)
+        return stop - start
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` next, from its start -- unless it is the epoch in progress.
+
+        Calling it with the current epoch keeps a resumed position, so the usual
+        ``for epoch in range(start, n): loader.set_epoch(epoch)`` loop resumes.
+        """
+        if epoch < 0:
+            raise ValueError("epoch must be >= 0")
+        if epoch != self._position.epoch:
+            self._position = replace(self._position, epoch=epoch, consumed=0)
+
+    def set_position(self, epoch: int, consumed: int) -> None:
+        """Start the next iteration at sample ``consumed`` of ``epoch`` (for the loader)."""
+        self._position = replace(self._position, epoch=epoch, consumed=consumed)
+
+    def state_dict(self) -> dict[str, object]:
+        """The position: epoch, samples consumed on this rank, seed, fingerprint, config."""
+        return self._position.to_state()
+
+    def load_state_dict(self, state: object, *, force: bool = False) -> None:
+        """Resume from a :meth:`state_dict` (see :mod:`~mouthguard.data.position`).
+
+        Raises:
+            DatasetChangedError: saved in another dataset version (names both
+                fingerprints); ``force=True`` resumes anyway.
+            DataStateError: malformed, or saved under another order or partition.
+        """
+        saved = parse_position(state)
+        self._position = restore(saved, self._position, self.samples_per_rank(), force=force)
+
+    # --- iteration -------------------------------------------------------------------
+
+    def order(self, epoch: int) -> EpochOrder:
+        """The global order of ``epoch``."""
+        p = self._position
+        counts = tuple(s.samples for s in self.dataset.shards)
+        return EpochOrder(counts, p.seed, epoch, p.shuffle, p.shuffle_window)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        part = Partition(self.rank, self.world_size, worker, workers, self.batch_size)
+        start = self._position
+        order = self.order(start.epoch)
+        plans = worker_plan(order, part, start.consumed)
+        in_process = info is None
+        produced = start.consumed
+        for sample in self._samples(plans):
+            if in_process:
+                produced += 1  # counted before the yield: a sample handed out is consumed
+                self._position = replace(self._position, consumed=produced)
+            yield sample
+        if in_process and produced >= rank_length(order, part):
+            self._position = replace(self._position, epoch=start.epoch + 1, consumed=0)
+
+    def _source(self) -> ShardSource:
+        location = self.dataset.location.reopened()
+        dataset = Dataset(location, self.dataset.manifest)
+        cache = (
+            ShardCache(self.cache_dir, self.cache_limit, self.verify_cache)
+            if self.cache_dir is not None
+            else None
+        )
+        return ShardSource(dataset, cache, self.settings, self.verify_cache)
+
+    def _samples(self, plans: Iterator[BlockPlan]) -> Iterator[Any]:
+        source = self._source()
+        prefetcher = Prefetcher(source, depth=self.prefetch, burst=self.burst)
+        ahead: deque[BlockPlan] = deque()
+
+        def fill() -> None:  # keep enough blocks planned to announce `prefetch` shards ahead
+            while sum(len(p.shards) for p in ahead) <= self.prefetch:
+                plan = next(plans, None)
+                if plan is None:
+                    return
+                ahead.append(plan)
+                prefetcher.announce(plan.shards)
+
+        open_files: dict[int, ShardFile] = {}
+        try:
+            fill()
+            while ahead:
+                plan = ahead.popleft()
+                fill()
+                for shard in plan.shards:
+                    open_files[shard] = prefetcher.take(shard)
+                for shard, number in zip(
+                    plan.shard_of.tolist(), plan.sample_of.tolist(), strict=True
+                ):
+                    sample = _read_sample(source, open_files[shard], shard, number)
+                    yield sample if self.decode is None else self.decode(sample)
+                for file in open_files.values():
+                    file.close()
+                open_files.clear()
+        finally:
+            for file in open_files.values():
+                file.close()
+            prefetcher.close()
+
+
+def _read_sample(source: ShardSource, file: ShardFile, shard: int, number: int) -> Sample:
+    entry = source.index(shard).samples[number]
+    span = memoryview(file.read(entry.offset, entry.length))
+    sample: Sample = {"__key__": entry.key}
+    for member in entry.members:
+        at = member.offset - entry.offset
+        header = span[at - tarfmt.BLOCK : at]
+        problem = tarfmt.header_problem(
+            header, names.member_name(entry.key, member.ext), member.size
+        )
+        if problem is not None:
+            raise ShardDamagedError(f"shard {file.name}: {problem}", shard=file.name)
+        sample[member.ext] = bytes(span[at : at + member.size])
+    return sample

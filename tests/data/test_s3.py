@@ -1,0 +1,96 @@
+"""Datasets on a real S3 server (the session's Ceph RGW): pack, verify, stream back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+from mouthguard.data import (
+    StreamingDataLoader,
+    StreamingDataset,
+    open_dataset,
+    pack,
+    verify_dataset,
+)
+from mouthguard.errors import DatasetError, ShardDamagedError
+from tests.s3.fixtures import S3Bucket
+
+from .helpers import expected, write_dataset
+from .test_pack import make_tree
+
+N = 30
+
+
+def _set_s3_env(monkeypatch: pytest.MonkeyPatch, bucket: S3Bucket) -> None:
+    """The environment an S3 URL is opened with (what users set for any S3 tier)."""
+    server = bucket.server
+    assert server.endpoint is not None, "these tests run against a local endpoint"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+    monkeypatch.setenv("AWS_REGION", server.region)
+
+
+def test_pack_to_s3_verify_and_stream_back(s3_bucket: S3Bucket, tmp_path: Path) -> None:
+    samples = make_tree(tmp_path / "src", n=N)
+    tier = s3_bucket.tier()
+    manifest = pack(tmp_path / "src", tier, "photos", shard_size=20 * 1024, prefix="datasets")
+    assert len(manifest.shards) > 2
+    assert verify_dataset(tier, prefix="datasets/photos").ok
+    dataset = StreamingDataset(
+        tier, prefix="datasets/photos", cache_dir=tmp_path / "cache", range_size=4096
+    )
+    got = {s["__key__"]: {k: v for k, v in s.items() if k != "__key__"} for s in dataset}
+    assert got == samples
+
+
+def test_s3_url_with_workers_and_a_private_cache(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An s3:// URL: settings from the environment; each worker opens its own connection."""
+    _set_s3_env(monkeypatch, s3_bucket)
+    write_dataset(s3_bucket.tier(), n=N)
+    url = f"{s3_bucket.url.rstrip('/')}/ds"
+    assert open_dataset(url).samples == N
+    reference = [s["__key__"] for s in StreamingDataset(url, shuffle=True, batch_size=2)]
+    dataset = StreamingDataset(url, shuffle=True, batch_size=2)  # no cache_dir: a private one
+    assert dataset.cache_dir is not None and Path(dataset.cache_dir).is_dir()
+    keys = [k for b in StreamingDataLoader(dataset, num_workers=2) for k in b["__key__"]]
+    assert keys == reference and sorted(keys) == sorted(expected(N))
+    cache_dir = Path(dataset.cache_dir)
+    del dataset
+    import gc  # noqa: PLC0415
+
+    gc.collect()
+    assert not cache_dir.exists(), "the private cache goes with its dataset"
+
+
+@pytest.mark.timeout(120)  # the failure this guards against is a hang
+def test_forked_workers_are_refused_instead_of_hanging(
+    s3_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _set_s3_env(monkeypatch, s3_bucket)
+    write_dataset(s3_bucket.tier(), n=4)
+    dataset = StreamingDataset(f"{s3_bucket.url.rstrip('/')}/ds")
+    loader = DataLoader(dataset, num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(DatasetError, match="cannot be used after a fork"):
+        list(loader)
+    with pytest.raises(ValueError, match="s3:// URL"):
+        StreamingDataLoader(StreamingDataset(s3_bucket.tier(), prefix="ds"), num_workers=1)
+
+
+def test_damage_on_s3_is_found(s3_bucket: S3Bucket, tmp_path: Path) -> None:
+    tier = s3_bucket.tier()
+    manifest = write_dataset(tier, n=N)
+    key = "ds/shards/shard-000001.tar"
+    data = bytearray(tier.get(key))
+    data[700] ^= 1
+    tier.put(key, bytes(data))
+    report = verify_dataset(tier, prefix="ds")
+    assert [c.name for c in report.mismatched] == ["shard-000001.tar"]
+    dataset = StreamingDataset(tier, prefix="ds", cache_dir=tmp_path / "cache")
+    with pytest.raises(ShardDamagedError, match=r"shard-000001\.tar"):
+        list(dataset)
+    assert manifest.shards[1].name == "shard-000001.tar"
