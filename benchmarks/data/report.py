@@ -1,0 +1,541 @@
+"""The markdown report: setup, one table per source x cache state x workers, stalls, targets."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib.metadata
+import math
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.table import Table
+
+from benchmarks.data import config
+from benchmarks.data.config import CellResult, Epoch
+from benchmarks.harness import CacheDrop
+
+#: The stall target: p99 of the per-step wait, as a fraction of the step.
+STALL_SHARE = 0.10
+#: Targets: mouthguard's samples/s over the best peer's, per table.
+THROUGHPUT_GOAL = 1.0
+PACKAGES = ("torch", "webdataset", "mosaicml-streaming", "litdata", "mouthguard")
+STATES = ("cold", "warm")
+MB = 1e6
+
+
+@dataclass
+class SetupRow:
+    """Writing or uploading one reader's copy of the dataset."""
+
+    what: str  # "write" or "upload"
+    reader: str
+    seconds: float
+    files: int
+    nbytes: int
+    unavailable: str = ""
+
+
+@dataclass
+class RunInfo:
+    """What the report says about the run as a whole."""
+
+    machine: str
+    command: str
+    seconds: float
+    load_start: tuple[float, float, float]
+    load_end: tuple[float, float, float]
+    samples: int
+    sample_size: int
+    shard_size: int
+    batch_size: int
+    step_ms: float
+    repeats: int
+    cache: str
+    opens_problem: str | None
+    s3_problem: str
+    server: str
+    sources: list[str]
+    stall_workers: list[int] = field(default_factory=list)
+
+
+def machine_line(root: Path) -> str:
+    """CPUs, memory, the benchmark directory's filesystem, versions, date."""
+    mem = "?"
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 1024**2:.1f} GiB"
+    cpu = platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    fs = "?"
+    with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
+        out = subprocess.run(
+            ["df", "-T", str(root)], capture_output=True, text=True, check=True
+        ).stdout.splitlines()[1]
+        words = out.split()
+        fs = f"{words[1]} ({'the root filesystem' if words[-1] == '/' else 'a separate mount'})"
+    versions = ", ".join(f"{p} {_version(p)}" for p in PACKAGES)
+    return (
+        f"Machine: {os.cpu_count()} CPUs ({cpu}), {mem} memory; filesystem of the benchmark "
+        f"directory: {fs}; Python {platform.python_version()}, {versions}; "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC."
+    )
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _row(*cells: str) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (``p`` in 0..100) of ``values`` (not empty)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+@dataclass
+class Row:
+    """One reader's epochs in one table (several when repeated) or why there are none."""
+
+    reader: str
+    epochs: list[Epoch]
+    unavailable: str = ""
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.epochs) and not self.unavailable
+
+    @property
+    def median(self) -> Epoch:
+        """The repeat with the median time (the lower one of an even count)."""
+        ordered = sorted(self.epochs, key=lambda e: e.seconds)
+        return ordered[(len(ordered) - 1) // 2]
+
+    @property
+    def rate(self) -> float:
+        e = self.median
+        return e.samples / e.seconds
+
+
+def rows_for(
+    results: list[CellResult], source: str, workers: int, mode: str, state: str
+) -> list[Row]:
+    """One :class:`Row` per reader measured in this table, in :data:`config.READERS` order."""
+    rows = []
+    for reader in config.READERS:
+        cells = [
+            r
+            for r in results
+            if (r.reader, r.source, r.workers, r.mode) == (reader, source, workers, mode)
+        ]
+        if not cells:
+            continue
+        epochs = [e for c in cells for e in c.epochs if e.state == state]
+        why = next((c.unavailable for c in cells if c.unavailable), "")
+        if not epochs and not why:
+            why = "no epoch was recorded"
+        notes = "; ".join(dict.fromkeys(c.note for c in cells if c.note))
+        rows.append(Row(reader, epochs, why, notes))
+    return rows
+
+
+def best_peer(rows: list[Row]) -> Row | None:
+    """The fastest row that is neither mouthguard's nor the floor."""
+    peers = [
+        r
+        for r in rows
+        if r.ok and r.reader not in config.MOUTHGUARDS and r.reader not in config.REFERENCE
+    ]
+    return max(peers, key=lambda r: r.rate, default=None)
+
+
+def _opens(e: Epoch) -> tuple[str, str, str]:
+    if e.opens_data is None or e.opens_all is None:
+        return "-", "-", "-"
+    return f"{e.opens_data / e.samples:.3f}", f"{e.opens_data / e.seconds:.0f}", str(e.opens_all)
+
+
+THROUGHPUT_COLUMNS = (
+    "reader",
+    "samples/s",
+    "MB/s",
+    "x best peer",
+    "epoch s",
+    "data files opened / sample",
+    "data files opened / s",
+    "all opens",
+    "GETs (all requests)",
+    "load 1-min before→after",
+)
+
+
+def throughput_cells(row: Row, best: Row | None) -> list[str]:
+    label = config.LABELS[row.reader]
+    if not row.ok:
+        return [f"{label} — **not available**: {row.unavailable}"] + ["-"] * 9
+    e = row.median
+    spread = ""
+    if len(row.epochs) > 1:
+        times = [x.seconds for x in row.epochs]
+        spread = f" ({min(times):.2f}-{max(times):.2f})"
+    ratio = "-" if best is None or row.reader in config.REFERENCE else f"{row.rate / best.rate:.2f}"
+    if best is not None and row.reader == best.reader:
+        ratio = "1.00 (best peer)"
+    gets = "-" if e.gets is None else f"{e.gets} ({e.requests})"
+    per_sample, per_s, total = _opens(e)
+    note = f" — {row.note}" if row.note else ""
+    return [
+        f"{label}{note}",
+        f"{row.rate:.0f}",
+        f"{e.payload_bytes / MB / e.seconds:.0f}",
+        ratio,
+        f"{e.seconds:.2f}{spread}",
+        per_sample,
+        per_s,
+        total,
+        gets,
+        f"{e.load_before:.2f}→{e.load_after:.2f}",
+    ]
+
+
+STALL_COLUMNS = (
+    "reader",
+    "workers",
+    "cold: first batch ms",
+    "cold: p50 / p99 / max ms",
+    "warm: first batch ms",
+    "warm: p50 / p99 / max ms",
+    "load 1-min (cold, warm)",
+)
+
+
+def _stall(e: Epoch | None) -> tuple[str, str]:
+    if e is None or not e.waits:
+        return "-", "-"
+    rest = e.waits[1:] or e.waits
+    ms = [w * 1000 for w in rest]
+    return (
+        f"{e.waits[0] * 1000:.0f}",
+        f"{percentile(ms, 50):.2f} / {percentile(ms, 99):.2f} / {max(ms):.1f}",
+    )
+
+
+def stall_cells(cell: CellResult) -> list[str]:
+    label = config.LABELS[cell.reader]
+    if cell.unavailable or not cell.epochs:
+        return [f"{label} — **not available**: {cell.unavailable or 'no epoch'}", str(cell.workers)]
+    cold, warm = cell.epoch("cold"), cell.epoch("warm")
+    loads = ", ".join(
+        f"{e.load_before:.2f}→{e.load_after:.2f}" for e in (cold, warm) if e is not None
+    )
+    return [label, str(cell.workers), *_stall(cold), *_stall(warm), loads]
+
+
+class Doc:
+    """Markdown lines and the rich tables printed at the end of the run."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.tables: list[Table] = []
+
+    def table(self, title: str, columns: Sequence[str], rows: list[list[str]]) -> None:
+        self.lines += [_row(*columns), "|---|" + "---:|" * (len(columns) - 1)]
+        rich = Table(title=title)
+        for col in columns:
+            rich.add_column(col)
+        for given in rows:
+            cells = given + ["-"] * (len(columns) - len(given))
+            self.lines.append(_row(*cells))
+            rich.add_row(*cells)
+        self.lines.append("")
+        self.tables.append(rich)
+
+
+def _throughput_sections(
+    doc: Doc, info: RunInfo, results: list[CellResult], targets: list[str]
+) -> None:
+    workers = sorted({r.workers for r in results if r.mode == "throughput"})
+    for source in info.sources:
+        for state in STATES:
+            for w in workers:
+                rows = rows_for(results, source, w, "throughput", state)
+                if not rows:
+                    continue
+                best = best_peer(rows)
+                title = f"{source}, {state}, {w} worker{'s' * (w != 1)}"
+                doc.lines += [f"### {title}", ""]
+                if best is not None:
+                    doc.lines += [f"Best peer: {config.LABELS[best.reader]}.", ""]
+                doc.table(title, THROUGHPUT_COLUMNS, [throughput_cells(r, best) for r in rows])
+                targets.extend(
+                    _throughput_target(title, row, best)
+                    for row in rows
+                    if row.reader in config.MOUTHGUARDS
+                )
+
+
+def _throughput_target(title: str, row: Row, best: Row | None) -> str:
+    name = f"{title}: {config.LABELS[row.reader]} / best peer samples/s"
+    goal = f"≥ {THROUGHPUT_GOAL:.1f}x"
+    if not row.ok:
+        return _row(name, goal, "-", f"not available ({row.unavailable})")
+    if best is None:
+        return _row(name, goal, "-", "not available (no peer measured)")
+    x = row.rate / best.rate
+    return _row(name, goal, f"{x:.2f}x ({config.LABELS[best.reader]})", verdict(x >= 1.0))
+
+
+def _stall_sections(doc: Doc, info: RunInfo, results: list[CellResult], targets: list[str]) -> None:
+    limit_ms = STALL_SHARE * info.step_ms
+    for source in info.sources:
+        cells = [r for r in results if r.mode == "stall" and r.source == source]
+        if not cells:
+            continue
+        cells.sort(key=lambda c: (c.workers, config.READERS.index(c.reader)))
+        doc.lines += [f"### Stall at a {info.step_ms:.0f} ms step: {source}", ""]
+        doc.table(f"stall, {source}", STALL_COLUMNS, [stall_cells(c) for c in cells])
+        for cell in cells:
+            if cell.reader not in config.MOUTHGUARDS:
+                continue
+            for state in STATES:
+                name = (
+                    f"stall, {source}, {state}, {cell.workers} workers: "
+                    f"{config.LABELS[cell.reader]} p99 wait per step"
+                )
+                goal = f"≤ {limit_ms:.1f} ms"
+                e = cell.epoch(state)
+                if cell.unavailable or e is None or len(e.waits) < 2:
+                    why = cell.unavailable or "no steps measured"
+                    targets.append(_row(name, goal, "-", f"not available ({why})"))
+                    continue
+                p99 = percentile([w * 1000 for w in e.waits[1:]], 99)
+                targets.append(
+                    _row(
+                        name,
+                        goal,
+                        f"{p99:.2f} ms (first batch {e.waits[0] * 1000:.0f} ms)",
+                        verdict(p99 <= limit_ms),
+                    )
+                )
+
+
+def _setup_section(info: RunInfo, setup: list[SetupRow]) -> list[str]:
+    lines = [
+        "## The dataset",
+        "",
+        f"{info.samples} samples of {info.sample_size} bytes "
+        f"({info.samples * info.sample_size / 2**30:.2f} GiB of payload), keys `s00000000`, ...; "
+        "each payload is random bytes from a generator seeded by the sample's number, so "
+        "every format holds the same, incompressible bytes. Shards (chunks) are cut at "
+        f"{info.shard_size / 2**20:.0f} MiB in every format; batches of {info.batch_size}.",
+        "",
+        "| step | reader | seconds | files | MiB | note |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for s in setup:
+        size = f"{s.nbytes / 2**20:.0f}" if s.nbytes else "-"
+        files = str(s.files) if s.files else "-"
+        note = f"**not available**: {s.unavailable}" if s.unavailable else ""
+        lines.append(_row(s.what, config.LABELS[s.reader], f"{s.seconds:.1f}", files, size, note))
+    return [*lines, ""]
+
+
+def document(
+    info: RunInfo, setup: list[SetupRow], results: list[CellResult]
+) -> tuple[str, list[Table]]:
+    """The report's markdown, and the rich tables to print."""
+    doc = Doc()
+    targets = ["| target | goal | measured | verdict |", "|---|---|---|---|"]
+    _throughput_sections(doc, info, results, targets)
+    throughput = doc.lines
+    doc.lines = []
+    _stall_sections(doc, info, results, targets)
+    stalls = doc.lines
+    load = " / ".join(f"{x:.2f}" for x in info.load_start)
+    load_end = " / ".join(f"{x:.2f}" for x in info.load_end)
+    opens_how = (
+        "`perf stat` on the open tracepoints (see below)"
+        if info.opens_problem is None
+        else f"**not available**: {info.opens_problem}"
+    )
+    lines = [
+        "# Dataset loader benchmarks",
+        "",
+        "Generated by `python -m benchmarks.data` (`benchmarks/data/`; see "
+        "`benchmarks/README.md`, “Dataset loaders”); do not edit by hand.",
+        "",
+        info.machine,
+        "",
+        f"**Shared machine.** The {os.cpu_count()} CPUs were shared with other work during "
+        f"the run: load average (1 / 5 / 15 min) {load} at the start and {load_end} at the "
+        "end; every row gives the 1-minute load before and after its epoch. Absolute "
+        "figures on a loaded 2-core machine are low and noisy; compare rows of one table "
+        "(measured minutes apart on the same disk), not runs.",
+        "",
+        "Reproduce (from the repository root):",
+        "",
+        "```bash",
+        info.command,
+        "```",
+        "",
+        f"Total runtime: {info.seconds:.0f} s. Page cache before every cold epoch: "
+        f"{info.cache}. Files opened: {opens_how}. S3: {_s3_line(info)}.",
+        "",
+        *targets_text(info),
+        "",
+        *FIGURES_TEXT,
+        "",
+        *_setup_section(info, setup),
+        "## Throughput",
+        "",
+        *throughput,
+        "## Training-step stall",
+        "",
+        *stall_text(info),
+        "",
+        *stalls,
+        "## Targets: verdicts",
+        "",
+        *targets,
+        "",
+        *NOTES_TEXT,
+    ]
+    return "\n".join(lines).rstrip() + "\n", doc.tables
+
+
+def cache_text(drop: CacheDrop) -> str:
+    """What was done to make an epoch cold (see :class:`benchmarks.harness.CacheDrop`)."""
+    text = "`fsync` + `posix_fadvise(POSIX_FADV_DONTNEED)` on every file of the reader's dataset"
+    if drop.drop_caches_ok:
+        return text + ", then `echo 3 > /proc/sys/vm/drop_caches` (permitted)"
+    if drop.drop_caches_ok is False:
+        return text + f"; `/proc/sys/vm/drop_caches` **not permitted** ({drop.drop_caches_error})"
+    return text
+
+
+def _s3_line(info: RunInfo) -> str:
+    if "s3" not in info.sources:
+        return "not measured in this run (`--sources`)"
+    if info.s3_problem:
+        return f"**not available**: {info.s3_problem}"
+    return (
+        f"a throwaway Ceph RGW (ceph {info.server}, memstore: objects in RAM) on 127.0.0.1, "
+        "started and stopped by the benchmark"
+    )
+
+
+def targets_text(info: RunInfo) -> list[str]:
+    return [
+        "## Targets",
+        "",
+        "| what | target |",
+        "|---|---|",
+        "| throughput | mouthguard's samples/s at least the best peer's "
+        f"(≥ {THROUGHPUT_GOAL:.1f}x) in every table: each source x cache state x workers; "
+        "both mouthguard rows (in place, and with a `cache_dir`) are judged |",
+        f"| stall | at a {info.step_ms:.0f} ms training step with "
+        f"{', '.join(map(str, info.stall_workers)) or '-'} workers, the 99th percentile of "
+        f"the loop's wait for the next batch at most {STALL_SHARE * info.step_ms:.1f} ms "
+        f"({STALL_SHARE:.0%} of the step), cold and warm; the first batch (the workers' "
+        "start) is reported on its own |",
+        "",
+        "A target that is not met says **not met** in the verdicts at the end.",
+    ]
+
+
+FIGURES_TEXT = [
+    "## What the figures count",
+    "",
+    "- One **cell** = one reader, one source, one number of DataLoader workers, in a fresh",
+    "  process. Before it starts, the page cache of the reader's files is dropped and its",
+    "  own cache directory (webdataset `cache_dir`, mosaicml-streaming `local`, litdata",
+    "  `cache_dir`, mouthguard `cache_dir`) is deleted. The **cold** epoch is the loader's",
+    "  first; the **warm** epoch is its second, in the same process (page cache and the",
+    "  loader's cache populated; workers are new processes each epoch unless the library",
+    "  keeps them). On S3 the server keeps every object in RAM, so \u201ccold\u201d means cold",
+    "  on the client only.",
+    "- An epoch is timed from `iter(loader)` (workers start then) to the last batch:",
+    "  building the loader (imports, reading the dataset's index or manifest) is not",
+    "  included. Every reader delivers every sample once per epoch (checked: keys counted",
+    "  and deduplicated; a row says so if not), batched by the same collate function in",
+    "  the workers into one `uint8` tensor per batch.",
+    "- **samples/s**: samples delivered over the epoch's time. **MB/s**: payload bytes",
+    "  (10^6 bytes; keys, tar headers, indexes and other metadata not counted) over the",
+    "  same time. **x best peer**: samples/s over the fastest peer's in the same table",
+    "  (peers: raw files, webdataset, mosaicml-streaming, litdata; not the in-memory",
+    "  floor, not mouthguard).",
+    "- **data files opened**: `open`/`openat`/`openat2` calls on paths under the benchmark",
+    "  directory (datasets and loader caches), by the cell's process and its workers,",
+    "  during the epoch only; per sample and per second of the epoch. **all opens**: every",
+    "  open call in that time, any path (Python imports in spawned workers, `/dev/shm`,",
+    "  `/proc`, sockets are not opens). Counted by the kernel (`perf stat` on the",
+    "  `syscalls:sys_enter_open*` tracepoints, attached to the cell's process, inherited",
+    "  by its workers, enabled around the epoch through perf's control FIFO); `strace -f",
+    "  -c` was measured and rejected: it stops the process on every open and made the",
+    "  raw-file reader 2-9x slower (0.19-0.21 s untraced, 0.45-1.90 s traced, 10,000 warm",
+    "  100 KB files).",
+    "- **GETs**: GET requests the S3 server logged during the epoch (radosgw's access log,",
+    "  one line per request), and all requests (HEAD, LIST, ...) in brackets.",
+    "- **load**: `os.getloadavg()[0]` in the cell's process just before and after the epoch.",
+]
+
+
+def stall_text(info: RunInfo) -> list[str]:
+    return [
+        "Each loader iterated with a simulated training step: after every batch the loop",
+        f"sleeps {info.step_ms:.0f} ms. The wait is the time `next()` took: how long the",
+        "training loop waited for data beyond its step. p50 / p99 / max over every batch but",
+        "the first; the first batch's wait (starting the workers, the first shard) on its",
+        "own. Cold and warm as above, in a fresh cell.",
+    ]
+
+
+NOTES_TEXT = [
+    "## Notes on the peers",
+    "",
+    "- **mosaicml-streaming**: its package `__init__` imports `streaming.vision`, which",
+    "  imports torchvision; torchvision's PyPI wheel is built against CUDA torch and fails",
+    "  to load with the CPU torch installed here (\u201coperator torchvision::nms does not",
+    "  exist\u201d). The benchmark sets `sys.modules['streaming.vision'] =",
+    "  types.ModuleType('streaming.vision')` before `import streaming` (the vision",
+    "  datasets are not used). On S3 it is given `S3_ENDPOINT_URL` and the `AWS_*`",
+    "  credentials; it reads through boto3. Its MDS reader opens the shard file once per",
+    "  sample (the \u201cdata files opened / sample\u201d column).",
+    '- **litdata**: `StreamingDataset("s3://...", storage_options={"endpoint_url": ...})`',
+    "  works offline against the local server, but its obstore download path builds its",
+    "  own client, which refuses a plain-`http://` endpoint (reqwest `BadScheme`); the",
+    "  benchmark adds `allow_http` to `litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS`",
+    "  (an `https://` endpoint needs nothing). `optimize` switches the process's",
+    "  multiprocessing start method to `spawn`, so every format is written in a child",
+    "  process.",
+    "- **webdataset**: shards written by its own `ShardWriter` (`TarWriter`), read by",
+    "  `WebDataset(urls, shardshuffle=..., cache_dir=...).shuffle(1000)`. It has no S3",
+    "  client: on S3 it reads presigned `http://` URLs of the shards through its `curl`",
+    "  handler, into its `cache_dir`.",
+    "- **raw files on S3**: one object per sample, one boto3 `GetObject` each, no cache.",
+    "- **mouthguard**: `pack()` of the raw files' directory (locally; into the bucket with",
+    "  its own S3 writer), `StreamingDataset(shuffle=True)` + `StreamingDataLoader`.",
+    "  Locally it reads in place by default (each process hashes a shard before its first",
+    "  use), and the second row uses a `cache_dir`. On S3 its workers are spawned (its S3",
+    "  client does not survive `fork`), each epoch.",
+]
