@@ -3,12 +3,14 @@
 #   make test   set everything up, then run lint, type checks and the whole test suite
 #   make clean  remove the virtual environment, the caches and ./mouthguard-store
 #               (where every demo run leaves its checkpoints)
+#   make bench-data  install the peer loaders (the bench-data extra), then run the
+#               dataset loader benchmark: writes docs/benchmarks-data.md (~15 min here)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest system-deps clean
+.PHONY: demo test lint typecheck pytest system-deps clean bench-data
 
 # Not quiet: the first run downloads torch and friends, a minute or two of pip's progress.
 $(STAMP): pyproject.toml constraints.txt
@@ -38,6 +40,12 @@ pytest: $(STAMP) system-deps
 	$(BIN)/pytest -q -n auto  # in parallel: the suite must not depend on timing
 
 test: lint typecheck pytest
+
+# The peers (webdataset, mosaicml-streaming, litdata) are an optional extra: the
+# suite never needs them. Ceph (system-deps) serves the S3 rows.
+bench-data: $(STAMP) system-deps
+	$(BIN)/pip install -c constraints.txt -e '.[dev,bench-data]'
+	$(BIN)/python -m benchmarks.data
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mouthguard-store
