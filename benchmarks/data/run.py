@@ -38,7 +38,7 @@ from benchmarks.state import parse_size
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "docs" / "benchmarks-data.md"
 DEFAULTS = {"size": "1G", "workers": "0,4", "stall_workers": "4"}
-QUICK = {"size": "16M", "workers": "0,2", "stall_workers": "2"}
+QUICK = {"size": "16M", "workers": "0", "stall_workers": "2"}
 #: The module each peer needs (the bench-data extra installs them).
 MODULES = {"webdataset": "webdataset", "mosaic": "streaming", "litdata": "litdata"}
 #: The order datasets are written in: mouthguard packs the raw files.
@@ -59,7 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--readers", default=",".join(config.READERS), help="which readers")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every cell (median)")
     parser.add_argument("--cell-timeout", type=float, default=600.0, help="seconds per cell")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 16M, workers 0,2")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 16M, workers 0, stall with 2"
+    )
     parser.add_argument("--dir", type=Path, help="where to write (default: a temp dir, removed)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the markdown report")
     args = parser.parse_args(argv)
@@ -294,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if owned:
             shutil.rmtree(root, ignore_errors=True)
+        else:  # --dir: remove what was written, keep the directory
+            for name in ("datasets", "cache", "opens-probe"):
+                shutil.rmtree(root / name, ignore_errors=True)
     info = report.RunInfo(
         machine=machine,
         command=reproduce(argv),
