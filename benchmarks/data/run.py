@@ -12,6 +12,7 @@ same with a simulated training step (the stall check). Writes the markdown repor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -104,8 +105,15 @@ def missing_peer(reader: str) -> str:
 class Runner:
     """Runs child processes for one benchmark: writes, uploads and cells."""
 
-    def __init__(self, args: argparse.Namespace, root: Path, tick: Callable[[str], None]) -> None:
-        self.args, self.root, self.tick = args, root, tick
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        root: Path,
+        tick: Callable[[str], None],
+        log: Callable[[str], None],
+    ) -> None:
+        self.args, self.root, self.tick, self.log = args, root, tick, log
+        self.running: subprocess.Popen[str] | None = None
         self.samples = sample_count(parse_size(args.size), parse_size(args.sample_size))
         self.sample_size = parse_size(args.sample_size)
         self.shard_size = parse_size(args.shard_size)
@@ -130,17 +138,27 @@ class Runner:
             text=True,
             start_new_session=True,  # its DataLoader workers too, killed as a group on timeout
         )
+        self.running = proc
         try:
             out, err = proc.communicate(timeout=self.args.cell_timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            self.stop_child()
             return "", f"did not finish within {self.args.cell_timeout:.0f} s (killed)"
+        finally:
+            self.running = None
         found = [line[len(MARK) :] for line in out.splitlines() if line.startswith(MARK)]
         if found:
             return found[-1], ""
         tail = [line for line in err.strip().splitlines() if line.strip()]
         return "", f"exit {proc.returncode}: {tail[-1][:300] if tail else 'no output'}"
+
+    def stop_child(self) -> None:
+        """Kill the child running now, with its DataLoader workers (its process group)."""
+        proc = self.running
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
 
     def write(self, reader: str) -> None:
         why = missing_peer(reader)
@@ -193,11 +211,30 @@ class Runner:
             env = self.env if site is None else {**self.env, **self.s3_env}
             out, why = self.child(["read", cell.to_json()], env)
             if out:
-                self.results.append(CellResult.from_json(out))
+                result = CellResult.from_json(out)
+                self.results.append(result)
+                self.log(summary(result))
                 self.tick(f"{reader} {source} w={workers} {mode}")
                 return
+        self.log(f"{reader} {source} w={workers} {mode}: not available: {why}")
         self.results.append(CellResult(reader, source, workers, mode, unavailable=why))
         self.tick(f"{reader} {source} w={workers} {mode}")
+
+
+def summary(result: CellResult) -> str:
+    """One line per cell for the console: samples/s (or p99 wait) and load per epoch."""
+    head = f"{result.reader} {result.source} w={result.workers} {result.mode}:"
+    if result.unavailable:
+        return f"{head} not available: {result.unavailable}"
+    parts = []
+    for e in result.epochs:
+        if e.waits:
+            p99 = report.percentile(e.waits[1:] or e.waits, 99) * 1000
+            figure = f"first {e.waits[0] * 1000:.0f} ms, p99 {p99:.1f} ms"
+        else:
+            figure = f"{e.samples / e.seconds:.0f} samples/s in {e.seconds:.1f} s"
+        parts.append(f"{e.state} {figure} (load {e.load_before:.1f})")
+    return f"{head} {'; '.join(parts)}"
 
 
 def site_json(site: Site) -> str:
@@ -241,13 +278,42 @@ def run_s3(run: Runner, readers: list[str]) -> str:
                         run.cell(reader, "s3", workers, "stall", site)
                 # The server keeps objects in RAM: one reader's copy at a time.
                 run.child(["delete", site_json(site), config.s3_prefix(reader)], env)
+                if why := server.reclaim():
+                    run.log(f"[red]reclaiming the deleted copy of {reader} failed: {why}")
     except s3.StartError as exc:
         return str(exc)
     return ""
 
 
+def measure(run: Runner, writes: list[str], local: list[str], remote: list[str]) -> str:
+    """Write every dataset, then every cell; '' or why the S3 rows could not be measured."""
+    args = run.args
+    for reader in writes:
+        run.write(reader)
+    if "local" in args.sources_list:
+        run_local(run, local)
+    if "s3" not in args.sources_list or not remote:
+        return ""
+    skipped = run_s3(run, remote)
+    if skipped:  # every S3 row says why
+        modes = (("throughput", args.workers_list), ("stall", args.stall_list))
+        run.results += [
+            CellResult(reader, "s3", w, mode, unavailable=skipped)
+            for reader in remote
+            for mode, counts in modes
+            for w in counts
+        ]
+    return skipped
+
+
+def _terminate(signum: int, frame: object) -> None:
+    del frame
+    raise SystemExit(128 + signum)  # unwinds: the child, the S3 server and the temp dir go
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     owned = args.dir is None
     root = default_root() if owned else args.dir.resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -279,20 +345,11 @@ def main(argv: list[str] | None = None) -> int:
             def tick(what: str) -> None:
                 progress.update(task, advance=1, description=what)
 
-            run = Runner(args, root, tick)
-            for reader in writes:
-                progress.update(task, description=f"writing {reader}")
-                run.write(reader)
-            if "local" in args.sources_list:
-                run_local(run, local_readers)
-            if "s3" in args.sources_list and s3_readers:
-                s3_skipped = run_s3(run, s3_readers)
-                if s3_skipped:
-                    for reader in s3_readers:
-                        for w in args.workers_list:
-                            run.results.append(
-                                CellResult(reader, "s3", w, "throughput", unavailable=s3_skipped)
-                            )
+            run = Runner(args, root, tick, progress.console.print)
+            try:
+                s3_skipped = measure(run, writes, local_readers, s3_readers)
+            finally:
+                run.stop_child()
     finally:
         if owned:
             shutil.rmtree(root, ignore_errors=True)
