@@ -102,8 +102,13 @@ def run_cell(cell: Cell) -> CellResult:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else repr(exc)
+    """The exception's first line; for one re-raised from a DataLoader worker, also its last."""
+    text = [line for line in str(exc).strip().splitlines() if line.strip()]
+    if not text:
+        return repr(exc)
+    if len(text) > 1 and "Original Traceback" in str(exc):
+        return f"{text[0]} {text[-1].strip()}"[:500]
+    return text[0][:300]
 
 
 def main(argv: list[str]) -> int:
