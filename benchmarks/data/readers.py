@@ -149,7 +149,7 @@ def _raw(cell: Cell) -> Iterable[Batch]:
 
 
 def _webdataset(cell: Cell) -> Iterable[Batch]:
-    import webdataset as wds  # noqa: PLC0415
+    import webdataset as wds  # type: ignore[import-untyped]  # noqa: PLC0415
 
     local = config.dataset_dir(_root(cell), "webdataset")
     names = sorted(p.name for p in local.glob("*.tar"))
@@ -186,21 +186,21 @@ def _mosaic(cell: Cell) -> Iterable[Batch]:
     from streaming.base.util import clean_stale_shared_memory  # noqa: PLC0415
 
     clean_stale_shared_memory()
-    if cell.source == "local":
-        where = {"local": str(config.dataset_dir(_root(cell), "mosaic"))}
-    else:
+    remote: str | None = None
+    local = str(config.dataset_dir(_root(cell), "mosaic"))
+    if cell.source != "local":
         assert cell.site is not None
-        where = {
-            "remote": f"s3://{cell.site.bucket}/{config.s3_prefix('mosaic')}",
-            "local": str(_cache(cell)),
-        }
-    dataset = StreamingDataset(**where, shuffle=True, shuffle_seed=SEED, batch_size=cell.batch_size)
+        remote = f"s3://{cell.site.bucket}/{config.s3_prefix('mosaic')}"
+        local = str(_cache(cell))
+    dataset = StreamingDataset(
+        remote=remote, local=local, shuffle=True, shuffle_seed=SEED, batch_size=cell.batch_size
+    )
     loader: Iterable[Batch] = StreamingDataLoader(dataset, **_kwargs(cell, "key"))
     return loader
 
 
 def _litdata(cell: Cell) -> Iterable[Batch]:
-    import litdata  # noqa: PLC0415
+    import litdata  # type: ignore[import-untyped]  # noqa: PLC0415
 
     options: dict[str, Any] = {}
     if cell.source == "local":
@@ -209,10 +209,10 @@ def _litdata(cell: Cell) -> Iterable[Batch]:
         )
     else:
         assert cell.site is not None
-        from litdata.streaming import downloader  # noqa: PLC0415
+        from litdata.streaming import downloader  # type: ignore[import-untyped]  # noqa: PLC0415
 
         # Its obstore path would refuse the loopback server's http:// endpoint.
-        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"  # type: ignore[index]
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
         options["endpoint_url"] = cell.site.endpoint
         dataset = litdata.StreamingDataset(
             f"s3://{cell.site.bucket}/{config.s3_prefix('litdata')}",

@@ -386,11 +386,12 @@ def document(
         "",
         info.machine,
         "",
-        f"**Shared machine.** The {os.cpu_count()} CPUs were shared with other work during "
-        f"the run: load average (1 / 5 / 15 min) {load} at the start and {load_end} at the "
-        "end; every row gives the 1-minute load before and after its epoch. Absolute "
-        "figures on a loaded 2-core machine are low and noisy; compare rows of one table "
-        "(measured minutes apart on the same disk), not runs.",
+        f"**Shared machine.** These {os.cpu_count()} CPUs are shared with other sessions, "
+        f"and the benchmark's own processes (the cell, its workers, the S3 server) count "
+        f"in the load too: load average (1 / 5 / 15 min) {load} at the start and "
+        f"{load_end} at the end; every row gives the 1-minute load before and after its "
+        "epoch. Absolute figures on a small shared machine are low and noisy; compare rows "
+        "of one table (measured minutes apart on the same disk), not runs.",
         "",
         "Reproduce (from the repository root):",
         "",

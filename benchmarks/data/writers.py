@@ -50,7 +50,7 @@ def _raw(dest: Path, count: int, size: int, shard_size: int) -> None:
 
 
 def _webdataset(dest: Path, count: int, size: int, shard_size: int) -> None:
-    import webdataset as wds  # noqa: PLC0415 - a peer: imported where it is used
+    import webdataset as wds  # type: ignore[import-untyped]  # noqa: PLC0415 - a peer
 
     dest.mkdir()
     pattern = str(dest / "shard-%06d.tar")
@@ -76,7 +76,7 @@ def _litdata_item(i: int, size: int) -> dict[str, Any]:
 def _litdata(dest: Path, count: int, size: int, shard_size: int) -> None:
     import functools  # noqa: PLC0415
 
-    import litdata  # noqa: PLC0415
+    import litdata  # type: ignore[import-untyped]  # noqa: PLC0415
 
     litdata.optimize(
         fn=functools.partial(_litdata_item, size=size),
