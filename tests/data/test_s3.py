@@ -57,10 +57,18 @@ def test_s3_url_with_workers_and_a_private_cache(
     reference = [s["__key__"] for s in StreamingDataset(url, shuffle=True, batch_size=2)]
     dataset = StreamingDataset(url, shuffle=True, batch_size=2)  # no cache_dir: a private one
     assert dataset.cache_dir is not None and Path(dataset.cache_dir).is_dir()
-    keys = [k for b in StreamingDataLoader(dataset, num_workers=2) for k in b["__key__"]]
-    assert keys == reference and sorted(keys) == sorted(expected(N))
+    loader = StreamingDataLoader(dataset, num_workers=2)
+    # Not forked from this process (its S3 client would hang), nor spawned (a torch
+    # import per worker and epoch): forked from the clean fork server.
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    for _ in range(2):  # the second epoch's workers come from the same server
+        keys = [k for b in loader for k in b["__key__"]]
+        assert sorted(keys) == sorted(expected(N))
+    assert keys != reference  # epoch 1's order
+    first = StreamingDataLoader(StreamingDataset(url, shuffle=True, batch_size=2), num_workers=2)
+    assert [k for b in first for k in b["__key__"]] == reference
     cache_dir = Path(dataset.cache_dir)
-    del dataset
+    del dataset, loader
     import gc  # noqa: PLC0415
 
     gc.collect()

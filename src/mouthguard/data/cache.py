@@ -131,13 +131,24 @@ def _check_download(digest: str, sha256: str, name: str, what: str) -> None:
         )
 
 
-def _stat_key(fd: int) -> list[int]:
+def read_stamp(path: Path) -> list[int] | None:
+    """The stat key a stamp file records; None if it is missing or unreadable."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, list) else None
+
+
+def stat_key(fd: int) -> list[int]:
+    """``[device, inode, size, mtime_ns, ctime_ns]`` of ``fd``, as a verification stamp holds."""
     st = os.fstat(fd)
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 @contextlib.contextmanager
-def _flocked(path: Path) -> Iterator[None]:
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -219,7 +230,7 @@ class ShardCache:
             found = self._open_verified(sha256, size, name)
             if found is not None:
                 return found
-            with _flocked(self.locks / f"{sha256[:3]}.lock"):
+            with flocked(self.locks / f"{sha256[:3]}.lock"):
                 if (self.blobs / sha256).exists():
                     continue  # inserted while we waited for the lock: verify it above
                 return self._download(sha256, size, fetch, name=name, must=must, what=what)
@@ -240,7 +251,7 @@ class ShardCache:
             os.close(fd)
             return None
         stamp = self.blobs / f"{sha256}.ok"
-        if self.verify == "stat" and self._stamp(stamp) == _stat_key(fd):
+        if self.verify == "stat" and read_stamp(stamp) == stat_key(fd):
             self._touch(stamp)
             return ShardFile(fd, size, name)
         if hash_fd(fd, size) == sha256:
@@ -281,18 +292,10 @@ class ShardCache:
 
     # --- stamps ----------------------------------------------------------------------
 
-    @staticmethod
-    def _stamp(path: Path) -> list[int] | None:
-        try:
-            value = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            return None
-        return value if isinstance(value, list) else None
-
     def _write_stamp(self, sha256: str, fd: int) -> None:
         stamp = self.blobs / f"{sha256}.ok"
         tmp = self.tmp / f"{sha256}.ok.{uuid.uuid4().hex}"
-        tmp.write_text(json.dumps(_stat_key(fd)))
+        tmp.write_text(json.dumps(stat_key(fd)))
         tmp.replace(stamp)
 
     @staticmethod
@@ -336,7 +339,7 @@ class ShardCache:
         return self.limit
 
     def _reserve(self, sha256: str, size: int, *, must: bool) -> tuple[int, Path] | None:
-        with _flocked(self.root / "cache.lock"):
+        with flocked(self.root / "cache.lock"):
             blobs, used = self._entries()
             limit = self._limit(used)
             for _, blob_size, blob in sorted(blobs):
@@ -380,7 +383,7 @@ class ShardCache:
 
     def _remove(self, sha256: str) -> None:
         """Remove a blob that failed verification, pinned or not (its readers keep their fd)."""
-        with _flocked(self.root / "cache.lock"):
+        with flocked(self.root / "cache.lock"):
             (self.blobs / sha256).unlink(missing_ok=True)
             (self.blobs / f"{sha256}.ok").unlink(missing_ok=True)
 

@@ -7,8 +7,9 @@
   is written, and inserted only if its sha256 is the manifest's
   (:mod:`~mouthguard.data.cache`);
 * **in place** (a local dataset and no cache): the dataset's own file is opened
-  and hashed before use; with ``verify="stat"`` a per-process stamp (as in the
-  cache) spares the re-hash while the file's metadata is unchanged.
+  and hashed before use; with ``verify="stat"`` a record shared by the dataset's
+  processes (:mod:`~mouthguard.data.verified`) spares the re-hash, in every
+  process and epoch, while the file's metadata is unchanged.
 
 Either way no sample of a shard is read before the whole shard matched the
 manifest. Indexes are checked (size, sha256) and parsed as hostile input before use.
@@ -33,11 +34,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mouthguard.data.burst import BurstSignal
-from mouthguard.data.cache import ShardCache, ShardFile, Verify, hash_fd
+from mouthguard.data.cache import ShardCache, ShardFile
 from mouthguard.data.dataset import Dataset, check_index
 from mouthguard.data.index import ShardIndex
 from mouthguard.data.manifest import ShardRecord
 from mouthguard.data.ranged import read_ranges
+from mouthguard.data.verified import VerifiedFiles
 from mouthguard.errors import ObjectNotFoundError, ShardDamagedError
 from mouthguard.tiers.local import LocalTier
 
@@ -47,9 +49,6 @@ log = logging.getLogger(__name__)
 _BURST_STEP = 0.5
 #: Parsed indexes kept per process (a block's shards plus those prefetched).
 _INDEX_MEMO = 16
-#: In place: (path, sha256) -> the file's stat when it last hashed right, in this process.
-_STAMPS: dict[tuple[str, str], tuple[int, ...]] = {}
-_STAMPS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -65,26 +64,24 @@ class ShardSource:
 
     Args:
         dataset: the opened dataset (its location's tier belongs to this process).
-        cache: the shared cache; None reads a local dataset in place.
+        place: where verified shards come from: the shared cache, or (a local
+            dataset read in place) the shared record of files that hashed right.
         settings: range reads of downloads.
-        verify: in place, ``stat`` trusts a file hashed before in this process while
-            its metadata is unchanged; ``always`` hashes it on every open.
     """
 
     def __init__(
         self,
         dataset: Dataset,
-        cache: ShardCache | None,
+        place: ShardCache | VerifiedFiles,
         settings: ReadSettings,
-        verify: Verify = "stat",
     ) -> None:
         tier = dataset.location.tier
-        if cache is None and not isinstance(tier, LocalTier):
-            raise ValueError("a dataset that is not local needs a cache directory")
+        if isinstance(place, VerifiedFiles) and not isinstance(tier, LocalTier):
+            raise TypeError("a dataset that is not local needs a cache directory")
         self.dataset = dataset
-        self.cache = cache
+        self.cache = place if isinstance(place, ShardCache) else None
+        self.verified = place if isinstance(place, VerifiedFiles) else None
         self.settings = settings
-        self.verify = verify
         self._indexes: OrderedDict[int, ShardIndex] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -147,19 +144,12 @@ class ShardSource:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise ShardDamagedError(f"shard {record.name} is missing", shard=record.name) from None
-        st = os.fstat(fd)
-        stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        memo = (str(path), record.sha256)
-        with _STAMPS_LOCK:
-            known = self.verify == "stat" and _STAMPS.get(memo) == stamp
-        if not known:
-            if hash_fd(fd, record.size) != record.sha256:
-                os.close(fd)
-                raise ShardDamagedError(
-                    f"shard {record.name}: sha256 does not match the manifest", shard=record.name
-                )
-            with _STAMPS_LOCK:
-                _STAMPS[memo] = stamp
+        assert self.verified is not None  # no cache: in place, with the shared record
+        try:
+            self.verified.check(fd, str(path), record.sha256, record.size, record.name)
+        except BaseException:
+            os.close(fd)
+            raise
         return ShardFile(fd, record.size, record.name)
 
     def index(self, number: int) -> ShardIndex:

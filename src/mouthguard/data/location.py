@@ -15,8 +15,9 @@ first reads. The S3 client (obstore, on a tokio runtime) does not survive
 ``fork`` at all -- a forked child that touches it hangs, even with a new
 client -- so an S3 location inherited across a fork is refused with an
 explanation (:meth:`Location.reopened`) instead of hanging; DataLoader workers
-for S3 datasets are spawned (:class:`~mouthguard.data.loader.StreamingDataLoader`
-does that by itself). Reading never creates anything: a path that is not a
+for S3 datasets come from a fork server or are spawned
+(:class:`~mouthguard.data.loader.StreamingDataLoader` uses the fork server by
+itself). Reading never creates anything: a path that is not a
 directory is :class:`~mouthguard.errors.DatasetNotFoundError`.
 """
 
@@ -91,7 +92,8 @@ class Location:
             raise DatasetError(
                 f"{self.describe()} was opened by process {self.pid} and inherited by fork; "
                 "the S3 client cannot be used after a fork (it would hang): start DataLoader "
-                "workers with multiprocessing_context='spawn' (StreamingDataLoader does), "
+                "workers with multiprocessing_context='forkserver' or 'spawn' "
+                "(StreamingDataLoader uses the fork server), "
                 "and pass the s3:// URL rather than a tier object"
             )
         if self.spec is None:
@@ -110,7 +112,10 @@ def open_tier(spec: Spec, *, create: bool) -> Tier:
     if kind == "s3":
         from mouthguard.tiers.s3 import S3Tier  # noqa: PLC0415 - obstore/boto3 only when used
 
-        return S3Tier(where, name="data", domain="s3")
+        # A reader opens it read-only: nothing is written to the bucket at open (no
+        # probe objects, from every DataLoader worker of every epoch), and read-only
+        # credentials are enough to stream a dataset.
+        return S3Tier(where, name="data", domain="s3", read_only=not create)
     path = Path(where)
     if not create and not path.is_dir():
         raise DatasetNotFoundError(f"no dataset at {where}: not a directory")

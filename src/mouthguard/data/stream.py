@@ -21,8 +21,11 @@ Processes. The dataset is opened (manifest read and verified) where it is
 built; each DataLoader worker opens its own tier for a path or URL source, and
 uses the one given otherwise (a tier passed in must work in the workers, as a
 local tier does). Without ``cache_dir``, a local dataset is read in place and
-any other is cached in a temporary directory that the building process
-removes when the dataset is garbage-collected or at exit.
+any other is cached in a temporary directory; a dataset read in place keeps
+the record of the shards that hashed right in a temporary directory shared by
+its workers (:mod:`~mouthguard.data.verified`), so each shard is hashed once,
+not once per worker and epoch. The building process removes either directory
+when the dataset is garbage-collected or at exit.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from mouthguard.data.order import (
     worker_plan,
 )
 from mouthguard.data.position import Position, parse_position, restore
+from mouthguard.data.verified import VerifiedFiles
 from mouthguard.errors import ShardDamagedError
 from mouthguard.format.signing import KeySpec
 from mouthguard.tiers.local import LocalTier
@@ -149,9 +153,13 @@ class StreamingDataset(IterableDataset[Any]):
             world_size=self.world_size,
         )
         Partition(self.rank, self.world_size)  # refuses a rank outside the world now
+        self.verified_dir: str | None = None
         if cache_dir is None and not isinstance(self.dataset.location.tier, LocalTier):
             cache_dir = tempfile.mkdtemp(prefix="mouthguard-data-")
             weakref.finalize(self, _remove_tree, cache_dir, os.getpid())
+        elif cache_dir is None:
+            self.verified_dir = tempfile.mkdtemp(prefix="mouthguard-verified-")
+            weakref.finalize(self, _remove_tree, self.verified_dir, os.getpid())
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_limit = cache_limit
         self.verify_cache: Verify = verify_cache
@@ -238,12 +246,13 @@ class StreamingDataset(IterableDataset[Any]):
     def _source(self) -> ShardSource:
         location = self.dataset.location.reopened()
         dataset = Dataset(location, self.dataset.manifest)
-        cache = (
-            ShardCache(self.cache_dir, self.cache_limit, self.verify_cache)
-            if self.cache_dir is not None
-            else None
-        )
-        return ShardSource(dataset, cache, self.settings, self.verify_cache)
+        place: ShardCache | VerifiedFiles
+        if self.cache_dir is not None:
+            place = ShardCache(self.cache_dir, self.cache_limit, self.verify_cache)
+        else:
+            assert self.verified_dir is not None  # made with the dataset: read in place
+            place = VerifiedFiles(self.verified_dir, self.verify_cache)
+        return ShardSource(dataset, place, self.settings)
 
     def _samples(self, plans: Iterator[BlockPlan]) -> Iterator[Any]:
         source = self._source()

@@ -82,7 +82,7 @@ from mouthguard.tiers.s3_control import check_tags
 from mouthguard.tiers.s3_create import CreateGuard, create_with_retries, settle_versioned_create
 from mouthguard.tiers.s3_errors import OBSTORE_ERRORS
 from mouthguard.tiers.s3_parts import PartStream
-from mouthguard.tiers.s3_probe import S3Probe, probe_bucket
+from mouthguard.tiers.s3_probe import S3Probe, probe_bucket, unprobed
 from mouthguard.tiers.s3_versions import version_history
 
 if TYPE_CHECKING:
@@ -129,6 +129,11 @@ class S3Tier(Tier):
         part_size: bytes per multipart part (>= 5 MiB); larger objects use multipart.
         max_concurrency: parts uploaded at once; memory in flight is about
             ``part_size * (max_concurrency + 2)``.
+        read_only: the tier only reads (a dataset reader, a restore): the
+            write probe is skipped, so nothing is written to the bucket at open
+            and read-only credentials suffice; every write, delete, tag or hold
+            raises :class:`~mouthguard.errors.TierError`. :attr:`probe` then says
+            it measured nothing.
 
     Attributes:
         bucket: the bucket name.
@@ -160,6 +165,7 @@ class S3Tier(Tier):
         request_timeout: float = 300.0,
         part_size: int = 16 * MiB,
         max_concurrency: int = 4,
+        read_only: bool = False,
     ) -> None:
         super().__init__(name, domain)
         if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
@@ -182,7 +188,12 @@ class S3Tier(Tier):
         )
         self.bucket, self.prefix = self._control.bucket, self._control.prefix
         self.endpoint = self._control.endpoint
-        self.probe: S3Probe = probe_bucket(self._control, self._store)
+        self.read_only = read_only
+        self.probe: S3Probe = (
+            unprobed(self._control, "the tier was opened read-only")
+            if read_only
+            else probe_bucket(self._control, self._store)
+        )
         self._guard = self.probe.create_guard
         # Removing a lost create's version under a default GOVERNANCE retention needs a bypass.
         self._bypass = (self.probe.default_retention or "").startswith("GOVERNANCE")
@@ -211,6 +222,10 @@ class S3Tier(Tier):
         return (
             f"S3Tier(name={self.name!r}, location={self.location()!r}, endpoint={self.endpoint!r})"
         )
+
+    def _check_writable(self, what: str, key: str) -> None:
+        if self.read_only:
+            raise TierError(f"cannot {what} {key!r}: {self.location()} was opened read-only")
 
     # --- the data plane --------------------------------------------------------------
 
@@ -241,6 +256,7 @@ class S3Tier(Tier):
                 create could not be settled, or the tags of a multipart object
                 could not be set (the object itself is stored).
         """
+        self._check_writable("put", key)
         validate_key(key)
         tag_dict = check_tags(tags)
         create = mode is PutMode.CREATE
@@ -409,6 +425,7 @@ class S3Tier(Tier):
         older versions, held or retained ones among them, stay until deleted by
         version (:meth:`object_versions` lists them).
         """
+        self._check_writable("delete", key)
         if not self.exists(key):  # S3's DELETE does not say whether anything was there
             return False
         # botocore's DeleteObject, retried on resets; obstore's bulk delete is not.
@@ -424,6 +441,7 @@ class S3Tier(Tier):
         invisible. Younger uploads may belong to a writer still in flight and are
         kept. Returns how many uploads were aborted.
         """
+        self._check_writable("abort uploads in", prefix)
         validate_prefix(prefix)
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_seconds)
         return self._control.abort_stale_uploads(prefix, cutoff)
@@ -432,6 +450,7 @@ class S3Tier(Tier):
 
     def set_tags(self, key: str, tags: Mapping[str, str]) -> None:
         """Replace the object's S3 tag set with ``tags``."""
+        self._check_writable("tag", key)
         self._control.put_tags(validate_key(key), check_tags(tags) or {})
 
     def get_tags(self, key: str) -> dict[str, str]:
@@ -461,6 +480,7 @@ class S3Tier(Tier):
         Raises:
             ObjectNotFoundError: no object under ``key``.
         """
+        self._check_writable("hold", key)
         validate_key(key)
         if not self._capabilities.object_lock:
             return False

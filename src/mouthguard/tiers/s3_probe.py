@@ -89,6 +89,21 @@ class S3Probe:
         ]
 
 
+def unprobed(control: S3Control, why: str) -> S3Probe:
+    """The findings of a probe that did not run (``why``): nothing claimed, the racy guard."""
+    return S3Probe(
+        endpoint=control.endpoint,
+        bucket=control.bucket,
+        conditional_put=False,
+        create_guard=CreateGuard.EXISTENCE_CHECK,
+        object_lock=False,
+        versioning="unknown",
+        default_retention=None,
+        notes=(f"not probed: {why}",),
+        seconds=0.0,
+    )
+
+
 def probe_bucket(control: S3Control, store: S3Store) -> S3Probe:
     """Measure what the bucket does: versioning, Object Lock, and real create-only puts.
 
