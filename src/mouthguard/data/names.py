@@ -158,6 +158,8 @@ _WDS_META = re.compile(r"__[^/]*__($|/)")
 MAX_ADOPTED_KEY_BYTES = 4096
 MAX_ADOPTED_EXT_BYTES = 255
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: Keys a WebDataset sample dict holds besides its members.
+_RESERVED_EXTS = frozenset({"__key__", "__url__", "__local_path__"})
 
 
 def webdataset_split(name: str) -> tuple[str, str] | None:
@@ -211,6 +213,6 @@ def adopted_ext_problem(ext: str) -> str | None:
         return f"has an extension longer than {MAX_ADOPTED_EXT_BYTES} bytes"
     if "/" in ext or _CONTROL.search(ext) is not None:
         return "has an extension with a '/' or a control character"
-    if ext.startswith("__") and ext.endswith("__"):
-        return "has an extension of the form __*__, which names sample metadata"
+    if ext in _RESERVED_EXTS:  # WebDataset fails on these; in our dict they would clash
+        return f"has the extension {ext!r}, which names sample metadata"
     return None
