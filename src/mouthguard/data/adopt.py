@@ -66,6 +66,7 @@ from mouthguard.errors import (
 from mouthguard.format.signing import KeySpec
 from mouthguard.tiers import PutMode
 from mouthguard.tiers.key_material import Keyring
+from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.object_keys import is_valid_key, validate_segment
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ def _unseen_local(root: Path, suffix: str) -> list[str]:
     """Data files under a local ``root`` the tier does not list: links, names that are no keys."""
     unseen: list[str] = []
     for directory, dirs, files in os.walk(root):  # never follows a directory link
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != names.INDEX_DIR)
+        top = Path(directory) == root
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not (top and d == names.INDEX_DIR)]
         for file in files:
             path = Path(directory, file)
             rel = path.relative_to(root).as_posix()
@@ -142,9 +144,8 @@ def data_files(location: Location, kind: str | None) -> tuple[str, list[str]]:
         kind = present[0] if present else "webdataset"
     if kind not in SUFFIXES:
         raise ValueError(f"kind must be 'webdataset' or 'parquet', not {kind!r}")
-    tier_root = getattr(location.tier, "root", None)
-    if isinstance(tier_root, Path):
-        unseen = _unseen_local(tier_root / location.prefix, SUFFIXES[kind])
+    if isinstance(location.tier, LocalTier):
+        unseen = _unseen_local(location.tier.root / location.prefix, SUFFIXES[kind])
         if unseen:
             shown = ", ".join(unseen[:5]) + (
                 f" and {len(unseen) - 5} more" if len(unseen) > 5 else ""

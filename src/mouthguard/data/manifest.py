@@ -69,12 +69,11 @@ from mouthguard.data.records import (
     shard_json,
     shard_line,
 )
-from mouthguard.errors import InvalidKeyError, ManifestError
+from mouthguard.errors import ManifestError
 from mouthguard.format import signing
 from mouthguard.format.sealed import SIGNATURE_KEY, SealError, seal, unseal
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.tiers.key_material import Keyring
-from mouthguard.tiers.object_keys import validate_segment
 
 DATASET_FORMAT = "mouthguard-dataset"
 DATASET_VERSION = 1
@@ -306,10 +305,7 @@ def parse_manifest(raw: bytes, keys: Keyring | None) -> DatasetManifest:
     layout = obj.get("layout", PACKED)
     if "layout" in obj and layout != INDEXED:  # packed is said by saying nothing
         raise check.fail(f"layout {layout!r:.40} is not {INDEXED!r}")
-    name = obj["name"]
-    if type(name) is not str or not _is_segment(name):
-        raise check.fail(f"name {name!r:.80} is not a valid single path segment")
-    common = _Common(name, _parse_time(obj["created"], check), kid, signed)
+    common = _Common(check.segment(obj["name"], "name"), check.time(obj["created"]), kid, signed)
     if kind == PARQUET:
         return _parse_parquet(obj, check, common)
     return _parse_webdataset(obj, check, common, str(layout))
@@ -344,7 +340,7 @@ def _parse_webdataset(
     }
     if totals != expected:
         raise check.fail(f"totals {totals} do not add up to {expected}")
-    extensions = _strings(obj["extensions"], check, "extensions")
+    extensions = check.strings(obj["extensions"], "extensions")
     for ext in extensions:
         valid = names.adopted_ext_problem(ext) is None if adopted else names.is_valid_ext(ext)
         if not valid:
@@ -376,7 +372,7 @@ def _parse_parquet(obj: dict[str, JsonValue], check: Checker, common: _Common) -
         raise check.fail(f"totals {totals} do not add up to {_parquet_totals(files)}")
     if not any(f.rows for f in files):
         raise check.fail("lists no rows")
-    columns = _strings(obj["columns"], check, "columns")
+    columns = check.strings(obj["columns"], "columns")
     if obj["fingerprint"] != parquet_fingerprint(files):
         raise check.fail("fingerprint does not match its file list")
     return DatasetManifest(
@@ -392,26 +388,3 @@ def _parse_parquet(obj: dict[str, JsonValue], check: Checker, common: _Common) -
         files=tuple(files),
         columns=columns,
     )
-
-
-def _strings(value: JsonValue, check: Checker, what: str) -> tuple[str, ...]:
-    if type(value) is not list or not all(type(v) is str and len(v) <= 1024 for v in value):
-        raise check.fail(f"{what} must be a list of strings (at most 1024 characters each)")
-    return tuple(str(v) for v in value)
-
-
-def _is_segment(name: str) -> bool:
-    try:
-        validate_segment(name)
-    except InvalidKeyError:
-        return False
-    return True
-
-
-def _parse_time(value: JsonValue, check: Checker) -> dt.datetime:
-    if type(value) is str and len(value) == 20 and value.endswith("Z"):
-        try:
-            return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-        except ValueError:
-            pass
-    raise check.fail(f"created {value!r:.40} is not a UTC time YYYY-MM-DDTHH:MM:SSZ")

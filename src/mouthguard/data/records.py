@@ -25,12 +25,14 @@ hostile count must not become an allocation.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 
 from mouthguard.data import names
 from mouthguard.errors import InvalidKeyError, ManifestError
 from mouthguard.format.typed_json import JsonValue
+from mouthguard.tiers.object_keys import is_valid_segment
 
 #: Samples one shard, or rows one row group, may claim (see the module docstring).
 MAX_UNIT_SAMPLES = 10_000_000
@@ -165,6 +167,27 @@ class Checker:
         if type(value) is not str or not _SHA256.fullmatch(value):
             raise self.fail(f"{what} must be 64 lowercase hex digits")
         return value
+
+    def segment(self, value: JsonValue, what: str) -> str:
+        """``value`` if it is a valid single path segment (a dataset's name)."""
+        if type(value) is not str or not is_valid_segment(value):
+            raise self.fail(f"{what} {value!r:.80} is not a valid single path segment")
+        return value
+
+    def time(self, value: JsonValue) -> dt.datetime:
+        """``value`` as a UTC time written ``YYYY-MM-DDTHH:MM:SSZ``."""
+        if type(value) is str and len(value) == 20 and value.endswith("Z"):
+            try:
+                return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+            except ValueError:
+                pass
+        raise self.fail(f"created {value!r:.40} is not a UTC time YYYY-MM-DDTHH:MM:SSZ")
+
+    def strings(self, value: JsonValue, what: str) -> tuple[str, ...]:
+        """``value`` if it is a list of strings of at most 1024 characters."""
+        if type(value) is not list or not all(type(v) is str and len(v) <= 1024 for v in value):
+            raise self.fail(f"{what} must be a list of strings (at most 1024 characters each)")
+        return tuple(str(v) for v in value)
 
     def path(self, value: JsonValue, suffix: str, previous: str | None, what: str) -> str:
         """``value`` if it is a data file path (see names) sorting after ``previous``."""
