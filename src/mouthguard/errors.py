@@ -155,6 +155,20 @@ class SampleError(DatasetError):
     """
 
 
+class AdoptionError(DatasetError):
+    """A user's data file cannot be indexed in place as it is (``mouthguard data index``).
+
+    A tar that is hostile or that WebDataset would read differently than indexed
+    (a member past the end of the file, a negative size, a path-traversal name,
+    garbage after the last member, compression), or a file that is not a Parquet
+    file pyarrow can read by row group. The message names the file and why.
+    """
+
+
+class MissingDependencyError(MouthguardError):
+    """An optional dependency is not installed; the message says what to install."""
+
+
 class ShardDamagedError(FormatError):
     """A shard or its index does not match the dataset manifest (damaged or hostile).
 
