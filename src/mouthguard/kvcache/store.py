@@ -272,6 +272,8 @@ class KVStore:
             result.append(decode(found.data, found.desc, out=target, device=device))
             if promote and found.tier != "memory":
                 self._promote_later(found, key)
+        if self._placement.garbage:  # a damaged remote object was dropped: delete it now
+            self._placement.collect_garbage()
         return result
 
     def get_many(self, requests: Iterable[TokenIds], **kwargs: Any) -> list[list[Block]]:
