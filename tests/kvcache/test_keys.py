@@ -10,7 +10,8 @@ from mouthguard.kvcache.keys import KEY_VERSION, KeyChain, KVNamespace
 
 SCRIPT = """
 from mouthguard.kvcache.keys import KeyChain, KVNamespace
-chain = KeyChain(KVNamespace("llama-3-8b", dtype="bfloat16", layout="L2HTD", tp_rank=1, tp_size=2), 16)
+ns = KVNamespace("llama-3-8b", dtype="bfloat16", layout="L2HTD", tp_rank=1, tp_size=2)
+chain = KeyChain(ns, 16)
 print(",".join(k.hex() for k in chain.keys(list(range(100)))))
 """
 
@@ -25,7 +26,7 @@ def test_block_keys_chain_over_every_earlier_token() -> None:
     tail = chain.keys([*base[:8], 7, 7, 7, 7])  # only block 2 differs
     assert tail[:2] == keys[:2]
     assert tail[2] != keys[2]
-    assert chain.keys(base + [1, 2]) == keys  # a trailing partial block has no key
+    assert chain.keys([*base, 1, 2]) == keys  # a trailing partial block has no key
 
 
 def test_namespace_separates_models_dtypes_layouts_and_ranks() -> None:

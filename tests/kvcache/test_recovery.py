@@ -41,10 +41,11 @@ def test_a_new_store_finds_the_blocks_of_the_last_one(tmp_path: Path) -> None:
 def test_memory_blocks_are_spilled_to_disk_on_close(tmp_path: Path) -> None:
     directory = tmp_path / "kv"
     toks = tokens(2, 3)
-    with KVStore(disk_dir=directory, memory_bytes=1 << 20, disk_bytes=1 << 20, block_tokens=BT) as kv:
+    options = {"memory_bytes": 1 << 20, "disk_bytes": 1 << 20, "block_tokens": BT}
+    with KVStore(disk_dir=directory, **options) as kv:
         kv.put(toks, blocks_for(toks))
         assert kv.stats()["disk"]["blocks"] == 0
-    with KVStore(disk_dir=directory, memory_bytes=1 << 20, disk_bytes=1 << 20, block_tokens=BT) as kv:
+    with KVStore(disk_dir=directory, **options) as kv:
         assert kv.longest_prefix(toks) == 3 * BT
 
 

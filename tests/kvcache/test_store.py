@@ -44,7 +44,7 @@ def test_put_get_round_trip_and_prefix_lookup(tmp_path: Path) -> None:
         assert kv.put(toks, blocks) == 3
         assert kv.put(toks, blocks) == 0  # already stored
         assert kv.longest_prefix(toks) == 3 * BT
-        assert kv.longest_prefix(toks + [1, 2]) == 3 * BT
+        assert kv.longest_prefix([*toks, 1, 2]) == 3 * BT
         assert kv.longest_prefix(toks[:BT] + [9] * 8) == BT
         assert kv.longest_prefix([7] * 12) == 0
         assert kv.contains(toks)
