@@ -7,7 +7,6 @@ sum of the files' sizes. No checksum, no index: a restart lists the directory.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -57,6 +56,6 @@ class NaiveStore:
                 self.bytes -= size
             tmp = self.dir / f".{name}.tmp"
             block.tofile(tmp)
-            os.rename(tmp, self.dir / f"{name}.bin")
+            tmp.rename(self.dir / f"{name}.bin")
             self.lru[name] = block.nbytes
             self.bytes += block.nbytes

@@ -12,6 +12,7 @@ by one of a few system prompts, also Zipf-popular.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,9 @@ def synthetic(
     """A multi-round, Zipf-shared-prefix trace (see the module docstring)."""
     rng = np.random.default_rng(seed)
     next_id = iter(range(1, 1 << 40))
-    prompts = [[next(next_id) for _ in range(int(rng.integers(2, 9)))] for _ in range(system_prompts)]
+    prompts = [
+        [next(next_id) for _ in range(int(rng.integers(2, 9)))] for _ in range(system_prompts)
+    ]
     history: dict[int, list[int]] = {}
     out = []
     clock = 0
@@ -45,7 +48,7 @@ def synthetic(
             history[session] = list(prompt)
         turn = [next(next_id) for _ in range(int(rng.integers(1, 5)))]
         ids = history[session] + turn
-        history[session] = ids + [next(next_id)]  # the answer joins the history
+        history[session] = [*ids, next(next_id)]  # the answer joins the history
         clock += int(rng.integers(50, 500))
         length = len(ids) * MOONCAKE_BLOCK_TOKENS - int(rng.integers(0, MOONCAKE_BLOCK_TOKENS))
         out.append(Request(clock, length, int(rng.integers(50, 600)), ids))
@@ -80,8 +83,6 @@ def ideal_lru_hit_rate(trace: list[Request], capacity_blocks: int) -> float:
     Like the stores, a request hits the longest prefix present and then stores
     every block it lacks; all blocks it touches become most recent.
     """
-    from collections import OrderedDict
-
     lru: OrderedDict[tuple[int, ...], None] = OrderedDict()
     hits = total = 0
     for r in trace:

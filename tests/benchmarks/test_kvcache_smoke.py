@@ -27,9 +27,7 @@ def test_mooncake_format_round_trips(tmp_path: Path) -> None:
     first = json.loads(path.read_text().splitlines()[0])
     assert set(first) == {"timestamp", "input_length", "output_length", "hash_ids"}
     assert traces.read(path) == trace
-    assert all(
-        len(r.hash_ids) * traces.MOONCAKE_BLOCK_TOKENS >= r.input_length for r in trace
-    )
+    assert all(len(r.hash_ids) * traces.MOONCAKE_BLOCK_TOKENS >= r.input_length for r in trace)
 
 
 def test_ideal_lru_counts_prefix_hits() -> None:
