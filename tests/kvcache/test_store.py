@@ -157,7 +157,7 @@ def test_longest_prefix_spans_memory_disk_and_remote(tmp_path: Path) -> None:
         assert stats["disk"]["hits"] == placed.count("disk")
         assert stats["memory"]["misses"] == placed.count("remote") + placed.count("disk")
         # A block missing in the middle ends the prefix there, whichever tier follows.
-        kv.delete(toks[: 10 * BT])  # removes blocks 0..9 (and so every chained key after)
+        kv.delete(toks[: 10 * BT])  # blocks 0..9; 10..19 stay stored but no prefix reaches them
         assert kv.longest_prefix(toks) == 0
 
 

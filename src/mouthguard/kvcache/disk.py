@@ -238,7 +238,7 @@ class DiskLevel:
         return [(k, loc) for k, loc in self.index.items() if loc.segment == segment]
 
     def detach(self, segment: int) -> None:
-        """Stop counting ``segment`` (its files are unlinked next, outside the lock)."""
+        """Stop counting ``segment``, whose files were just unlinked (:meth:`unlink`)."""
         info = self.segments.pop(segment)
         assert info.live == 0, "detach of a segment with live records"
         assert info.pending == 0, "detach of a segment with records being written"
@@ -307,7 +307,11 @@ class DiskLevel:
                 append(index_path(self.directory, segment), b"".join(records))
 
     def unlink(self, segment: int) -> None:
-        """Remove a detached segment's files (the index log first: no log, no records)."""
+        """Remove a segment's files (the index log first: no log, no records).
+
+        Called before :meth:`detach`, so the bytes counted never fall below the
+        bytes on disk.
+        """
         for path in (index_path(self.directory, segment), data_path(self.directory, segment)):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()

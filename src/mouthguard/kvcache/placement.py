@@ -112,7 +112,7 @@ class Placement:
             elapsed = time.perf_counter() - started
             with self.lock:
                 if found is not None:
-                    for above in TIERS[: TIERS.index(tier)]:
+                    for above in self._configured()[: self._configured().index(tier)]:
                         self.stats[above].misses += 1
                     self.stats[tier].read(elapsed, found.data.nbytes)
                     self.policy_of(tier).hit(key)
@@ -122,9 +122,13 @@ class Placement:
                 if self.where(key) == tier and self._drop_damaged(tier, key, location):
                     break
         with self.lock:
-            for name in TIERS:
+            for name in self._configured():
                 self.stats[name].misses += 1
         return None
+
+    def _configured(self) -> list[str]:
+        present = {"memory": True, "disk": self.disk is not None, "remote": self.remote is not None}
+        return [name for name in TIERS if present[name]]
 
     def _read_from(
         self, tier: str, key: bytes, payload: Payload | None, location: Location | None
@@ -347,9 +351,7 @@ class Placement:
                 if disk.file_bytes + span <= disk.capacity:
                     return disk.plan(key, payload)
                 segment = disk.dead_segment()
-                if segment is not None:
-                    disk.detach(segment)
-                else:
+                if segment is None:
                     segment = disk.compaction_candidate(span)
                     if segment is not None:
                         live = disk.live_in(segment)
@@ -366,7 +368,18 @@ class Placement:
                 assert segment is not None
                 self.compact_segment(segment, live)
             elif segment is not None:
-                disk.unlink(segment)
+                self._remove_segment(segment)
+
+    def _remove_segment(self, segment: int) -> None:
+        """Unlink a segment without live or pending records, then stop counting it.
+
+        In this order the counted bytes never fall below the files' real size.
+        Only the mover plans records, so none can enter the segment meanwhile.
+        """
+        assert self.disk is not None
+        self.disk.unlink(segment)
+        with self.lock:
+            self.disk.detach(segment)
 
     def _evict_from_disk(self, key: bytes, location: Location) -> None:
         disk = self.disk
@@ -422,39 +435,56 @@ class Placement:
             info = disk.segments.get(segment)
             if info is None or info.live or info.pending:
                 return
-            disk.detach(segment)
-        disk.unlink(segment)
+            if disk.active == segment:
+                disk.active = None
+        self._remove_segment(segment)
 
     def _into_remote(self, key: bytes, payload: Payload, release: Release) -> bool:
         remote = self.remote
         if remote is None or (remote.capacity is not None and payload.nbytes > remote.capacity):
             return False
         self.collect_garbage(only=key)  # an old object of this key must not delete the new one
+        size = object_size(payload)
         while True:
             with self.lock:
-                if remote.fits(object_size(payload)):
+                if remote.fits(size):
+                    remote.reserved += size  # counted before the object exists
                     break
                 victim = remote.policy.pop_victim(remote.eligible(self._busy))
                 if victim is None:
                     self.stats["remote"].rejected += 1
                     return False
-                remote.forget(victim)
-                self.stats["remote"].evictions += 1
+                self.moving.add(victim)
+            # Deleted before it stops counting, so the counted bytes never fall
+            # below what the tier really holds.
             remote.delete(victim)
+            with self.lock:
+                remote.forget(victim)
+                self.moving.discard(victim)
+                self.stats["remote"].evictions += 1
         try:
-            size = remote.write(key, payload)
+            remote.write(key, payload)
         except MouthguardError:
             with self.lock:
+                remote.reserved -= size
                 self.stats["remote"].rejected += 1
             return False
+        except BaseException:
+            with self.lock:
+                remote.reserved -= size
+            raise
         with self.lock:
             published = release is None or release()
             if published:
-                remote.publish(key, size)
+                # The reservation becomes the object in one step: never counted twice.
+                remote.reserved -= size
+                remote.publish(key, size)  # our bytes, as the capacity check counted them
                 self.stats["remote"].writes += 1
                 self.stats["remote"].written_bytes += size
         if not published:
             remote.delete(key)
+            with self.lock:
+                remote.reserved -= size
         return True
 
     def collect_garbage(self, only: bytes | None = None) -> None:

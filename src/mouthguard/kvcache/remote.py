@@ -82,7 +82,9 @@ class RemoteLevel:
         self.capacity = capacity
         self.policy = policy
         self.index: dict[bytes, int] = {}
-        self.bytes = 0
+        self._bytes = 0
+        #: Bytes of objects being written now (counted before they exist).
+        self.reserved = 0
 
     def object_key(self, key: bytes) -> str:
         """The tier key of block ``key``."""
@@ -105,11 +107,16 @@ class RemoteLevel:
 
     # --- metadata (under the store's lock) ---
 
+    @property
+    def used(self) -> int:
+        """Bytes of the indexed objects and of those being written."""
+        return self._bytes + self.reserved
+
     def publish(self, key: bytes, size: int) -> None:
         """Record an object that exists on the tier."""
         self.forget(key)
         self.index[key] = size
-        self.bytes += size
+        self._bytes += size
         self.policy.insert(key, size)
 
     def forget(self, key: bytes) -> bool:
@@ -117,13 +124,13 @@ class RemoteLevel:
         size = self.index.pop(key, None)
         if size is None:
             return False
-        self.bytes -= size
+        self._bytes -= size
         self.policy.remove(key)
         return True
 
     def fits(self, size: int) -> bool:
         """Whether ``size`` more bytes stay within the capacity."""
-        return self.capacity is None or self.bytes + size <= self.capacity
+        return self.capacity is None or self.used + size <= self.capacity
 
     def eligible(self, pinned: Callable[[bytes], bool]) -> Callable[[bytes], bool]:
         """Eviction filter: not pinned and still remote."""
@@ -131,13 +138,13 @@ class RemoteLevel:
 
     # --- I/O (no lock) ---
 
-    def write(self, key: bytes, payload: Payload) -> int:
-        """Put the block's object; return its size.
+    def write(self, key: bytes, payload: Payload) -> None:
+        """Put the block's object (:func:`object_size` bytes).
 
         Raises:
             MouthguardError: the tier failed.
         """
-        return self.tier.put(self.object_key(key), encode_object(payload)).size
+        self.tier.put(self.object_key(key), encode_object(payload))
 
     def read(self, key: bytes) -> tuple[np.ndarray, BlockDesc, bytes] | None:
         """The block's bytes, description and checksum, or None if it cannot be read now.

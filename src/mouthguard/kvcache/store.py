@@ -123,7 +123,7 @@ class KVStore:
                 else:
                     level.publish(key, size)
             doomed = []
-            while level.capacity is not None and level.bytes > level.capacity:
+            while level.capacity is not None and level.used > level.capacity:
                 victim = level.policy.pop_victim(lambda k: k in level.index)
                 if victim is None:
                     break
@@ -226,10 +226,19 @@ class KVStore:
         return len(todo)
 
     def _store(self, todo: Sequence[tuple[bytes, Any]]) -> None:
+        placement = self._placement
         try:
             for key, payload in todo:
-                self._placement.store(key, payload)
+                try:
+                    placement.store(key, payload)
+                finally:
+                    # A failed placement must not leave the key pending forever:
+                    # a pending key is skipped by every later put.
+                    with placement.lock:
+                        placement.pending.discard(key)
         finally:
+            with placement.lock:
+                placement.pending.difference_update(key for key, _ in todo)
             self._housekeeping()
 
     def _housekeeping(self) -> None:
@@ -421,7 +430,7 @@ class KVStore:
             remote = placement.remote
             if remote is not None:
                 report["remote"] = placement.stats["remote"].report(
-                    remote.bytes, remote.capacity, len(remote.index)
+                    remote.used, remote.capacity, len(remote.index)
                 )
             report["store"] = {
                 "block_tokens": self.block_tokens,
