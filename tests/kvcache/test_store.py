@@ -297,3 +297,21 @@ def test_s3fifo_policy_works_end_to_end(tmp_path: Path) -> None:
             assert_within_capacity(kv)
         toks = tokens(500, 2)
         check_equal(kv.get(toks), blocks_for(toks))
+
+
+def test_compaction_keeps_the_eviction_order(tmp_path: Path) -> None:
+    # Disk only; each request of 4 blocks fills one 4-block segment exactly.
+    with store(tmp_path, memory_bytes=0) as kv:
+        requests = [tokens(600 + i, 4) for i in range(7)]  # 28 blocks: the append limit
+        for toks in requests:
+            kv.put(toks, blocks_for(toks))
+        kv.delete(requests[0][: 2 * BT])  # half of the oldest segment is dead
+        assert kv.compact() > 0  # its two live blocks are copied to a new segment
+        assert tiers_of(kv, requests[0])[2:] == [["disk"], ["disk"]]
+        newcomer = tokens(700, 4)
+        kv.put(newcomer, blocks_for(newcomer))  # needs two evictions
+        # The copied blocks are still the least recently used: they go first.
+        assert tiers_of(kv, requests[0])[2:] == [[], []]
+        for toks in requests[1:]:
+            assert kv.longest_prefix(toks) == 4 * BT
+        assert_within_capacity(kv)

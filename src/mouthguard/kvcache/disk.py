@@ -11,7 +11,10 @@ Space is the bytes of the data files, dead records included (what ``du`` sees),
 and never exceeds the capacity: a record is *planned* (its bytes counted) before
 it is written; evictions only make records dead; space comes back when a segment
 without live records is unlinked, or when a segment's live records are
-*relocated* into the active segment (compaction) and it is unlinked.
+*relocated* into the active segment (compaction) and it is unlinked. New
+records may fill only ``capacity - segment_bytes`` (:attr:`DiskLevel.append_limit`):
+the last segment's worth is headroom for those copies, so compaction is always
+possible and eviction is needed only when dead space cannot be reclaimed.
 
 Invariants (under the store's lock):
 
@@ -30,7 +33,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +60,12 @@ from mouthguard.tiers.direct_write import enable_direct
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "kvstore.lock"
-#: Largest segment file; smaller caches get capacity / 8 so compaction has room.
+#: Largest segment file; smaller caches get capacity / 32 (dead space and the
+#: compaction headroom are both about one segment, so small segments waste little).
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+#: A segment is compacted to make room once this share of it is dead; below it,
+#: copying its live records would cost more writes than evicting a block.
+COMPACT_DEAD_FRACTION = 0.25
 
 
 @dataclass
@@ -68,6 +75,7 @@ class Segment:
     size: int = 0
     live: int = 0
     pending: int = 0
+    keys: set[bytes] = field(default_factory=set)
 
 
 class DiskLevel:
@@ -98,7 +106,7 @@ class DiskLevel:
         self.capacity = capacity
         self.policy = policy
         self.direct_io = direct_io
-        wanted = segment_bytes or min(DEFAULT_SEGMENT_BYTES, capacity // 8)
+        wanted = segment_bytes or min(DEFAULT_SEGMENT_BYTES, capacity // 32)
         self.segment_bytes = max(padded(1), wanted - wanted % padded(1))
         if capacity < 2 * self.segment_bytes:
             raise KVCacheError(f"disk capacity {capacity} holds fewer than two segments")
@@ -135,6 +143,7 @@ class DiskLevel:
                 previous = self.index.get(key)
                 if previous is not None:  # a relocation interrupted before the unlink
                     self.segments[previous.segment].live -= previous.span
+                    self.segments[previous.segment].keys.discard(key)
                     self.policy.remove(key)
                 self._publish(key, location)
         self._next_id = (ids[-1] + 1) if ids else 1
@@ -182,8 +191,19 @@ class DiskLevel:
 
     def _publish(self, key: bytes, location: Location) -> None:
         self.index[key] = location
-        self.segments[location.segment].live += location.span
+        segment = self.segments[location.segment]
+        segment.live += location.span
+        segment.keys.add(key)
         self.policy.insert(key, location.span)
+
+    def _unpublish(self, key: bytes) -> Location | None:
+        location = self.index.pop(key, None)
+        if location is not None:
+            segment = self.segments[location.segment]
+            segment.live -= location.span
+            segment.keys.discard(key)
+            self.policy.remove(key)
+        return location
 
     def abandon(self, key: bytes, location: Location) -> None:
         """Give up a planned record (its write failed, or its block went away meanwhile)."""
@@ -192,22 +212,26 @@ class DiskLevel:
 
     def forget(self, key: bytes) -> Location | None:
         """Remove the key's disk copy (its record becomes dead space)."""
-        location = self.index.pop(key, None)
+        location = self._unpublish(key)
         if location is not None:
-            self.segments[location.segment].live -= location.span
-            self.policy.remove(key)
             self._drops.append((location.segment, drop_record(key, location.offset)))
         return location
 
     def relocated(self, key: bytes, old: Location, new: Location) -> bool:
-        """Publish a compaction copy if ``key`` still lives at ``old``; else abandon it."""
+        """Publish a compaction copy if ``key`` still lives at ``old``; else abandon it.
+
+        The key keeps its place in the eviction order: a copy is not a use.
+        """
         if self.index.get(key) != old:
             self.abandon(key, new)
             return False
-        self.index.pop(key)
-        self.segments[old.segment].live -= old.span
-        self.policy.remove(key)
-        self.publish(key, new)
+        source, target = self.segments[old.segment], self.segments[new.segment]
+        source.live -= old.span
+        source.keys.discard(key)
+        target.pending -= 1
+        target.live += new.span
+        target.keys.add(key)
+        self.index[key] = new
         return True
 
     def dead_segment(self) -> int | None:
@@ -217,17 +241,24 @@ class DiskLevel:
                 return segment
         return None
 
-    def compaction_candidate(self, extra: int) -> int | None:
-        """The segment with the most dead bytes whose live records fit beside ``extra``.
+    @property
+    def append_limit(self) -> int:
+        """Bytes new records may fill; the last segment's worth is kept for compaction."""
+        return self.capacity - self.segment_bytes
 
-        If that is the active segment it is sealed (the copies go to a new one).
+    def compaction_candidate(self, min_dead_fraction: float = COMPACT_DEAD_FRACTION) -> int | None:
+        """The segment with the most dead bytes, if compacting it is worth it and fits.
+
+        Worth it: at least ``min_dead_fraction`` of it is dead. Fits: its live
+        records fit in the space left, headroom included. If that is the active
+        segment it is sealed (the copies go to a new one).
         """
         best, best_dead = None, 0
         for segment, info in self.segments.items():
             dead = info.size - info.live
-            if info.pending or dead <= best_dead:
+            if info.pending or dead <= best_dead or dead < min_dead_fraction * info.size:
                 continue
-            if self.file_bytes + info.live + extra <= self.capacity:
+            if self.file_bytes + info.live <= self.capacity:
                 best, best_dead = segment, dead
         if best is not None and best == self.active:
             self.active = None
@@ -235,7 +266,7 @@ class DiskLevel:
 
     def live_in(self, segment: int) -> list[tuple[bytes, Location]]:
         """The live records of ``segment``."""
-        return [(k, loc) for k, loc in self.index.items() if loc.segment == segment]
+        return [(k, self.index[k]) for k in self.segments[segment].keys]
 
     def detach(self, segment: int) -> None:
         """Stop counting ``segment``, whose files were just unlinked (:meth:`unlink`)."""

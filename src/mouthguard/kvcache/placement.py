@@ -318,7 +318,7 @@ class Placement:
 
     def _into_disk(self, key: bytes, payload: Payload, release: Release) -> bool:
         disk = self.disk
-        if disk is None or padded(payload.nbytes) > disk.capacity - disk.segment_bytes:
+        if disk is None or padded(payload.nbytes) > disk.append_limit:
             return self._into_remote(key, payload, release)
         location = self._plan_on_disk(key, payload)
         if location is None:
@@ -344,15 +344,17 @@ class Placement:
         disk = self.disk
         assert disk is not None
         span = padded(payload.nbytes)
+        compaction_helps = True
         while True:
             victim: tuple[bytes, Location] | None = None
             live: list[tuple[bytes, Location]] = []
             with self.lock:
-                if disk.file_bytes + span <= disk.capacity:
+                before = disk.file_bytes
+                if disk.file_bytes + span <= disk.append_limit:
                     return disk.plan(key, payload)
                 segment = disk.dead_segment()
                 if segment is None:
-                    segment = disk.compaction_candidate(span)
+                    segment = disk.compaction_candidate() if compaction_helps else None
                     if segment is not None:
                         live = disk.live_in(segment)
                     else:
@@ -367,6 +369,8 @@ class Placement:
             elif live:
                 assert segment is not None
                 self.compact_segment(segment, live)
+                with self.lock:  # a failed compaction (a write error) must not loop
+                    compaction_helps = disk.file_bytes < before
             elif segment is not None:
                 self._remove_segment(segment)
 
