@@ -3,6 +3,7 @@
     python -m benchmarks.kvcache                    # 2000 requests, 256 KiB blocks
     python -m benchmarks.kvcache --quick --out /tmp/kv.md
     python -m benchmarks.kvcache --trace real.jsonl # a real Mooncake trace file
+    python -m benchmarks.kvcache --lmcache-python /opt/lmcache-venv/bin/python  # + LMCache
 
 Prints a markdown report (and writes it with --out). What each figure counts is in
 docs/kvcache.md.
@@ -11,9 +12,11 @@ docs/kvcache.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -83,6 +86,35 @@ def replay_naive(trace: list[traces.Request], root: Path, args: argparse.Namespa
     }
 
 
+def replay_lmcache(python: str, trace_path: Path, root: Path, args: argparse.Namespace) -> dict:
+    """LMCache's local-disk backend in its own interpreter (``lmcache_peer.py``)."""
+    peer = Path(__file__).with_name("lmcache_peer.py")
+    directory = root / "lmcache"
+    directory.mkdir()
+    command = [
+        python,
+        str(peer),
+        "--trace",
+        str(trace_path),
+        "--dir",
+        str(directory),
+        "--block-kib",
+        str(args.block_kib),
+        "--disk-mib",
+        str(args.memory_mib + args.disk_mib),
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {done.returncode}: {tail}"}
+    result: dict = json.loads(lines[-1])
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kvcache")
     parser.add_argument("--requests", type=int, default=2000)
@@ -94,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, help="where the stores write (default: a temp dir)")
     parser.add_argument("--out", type=Path, help="write the markdown report here too")
     parser.add_argument("--quick", action="store_true", help="200 requests, 32 KiB blocks")
+    parser.add_argument(
+        "--lmcache-python", help="an interpreter with lmcache installed: adds LMCache's row"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.block_kib, args.memory_mib, args.disk_mib = 200, 32, 2, 16
@@ -101,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="kvbench-", dir=args.dir))
     try:
         if args.trace is not None:
-            trace = traces.read(args.trace)
+            path = args.trace
+            trace = traces.read(path)
             source = f"`{args.trace}` (Mooncake format)"
         else:
             trace = traces.synthetic(args.requests)
@@ -113,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         ideal = traces.ideal_lru_hit_rate(trace, capacity_blocks)
         mine = replay_kvstore(trace, root, args)
         naive = replay_naive(trace, root, args)
+        peer = None
+        if args.lmcache_python:
+            peer = replay_lmcache(args.lmcache_python, path, root, args)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     load_end = os.getloadavg()
@@ -143,14 +182,28 @@ def main(argv: list[str] | None = None) -> int:
         f"| naive file per block | {naive['hit_rate']:.3f} | {ideal:.3f} | disk (page cache) |"
         f" {naive['p50']} | {naive['p99']} | {fmt(naive['gbps'], 2)} | {naive['seconds']:.1f} |"
     )
+    if peer is None:
+        lines.append("| LMCache local disk | not run (no --lmcache-python) | | | | | | |")
+    elif "error" in peer:
+        lines.append(f"| LMCache local disk | failed: {peer['error']} | | | | | | |")
+    else:
+        lines.append(
+            f"| LMCache {peer['version']} local disk | {peer['hit_rate']:.3f} | {ideal:.3f} |"
+            f" disk (page cache) | {fmt(peer['p50_ms'])} | {fmt(peer['p99_ms'])} |"
+            f" {fmt(peer['gbps'], 2)} | {peer['seconds']:.1f} |"
+        )
     lines += [
-        "| LMCache local disk | not run | | | | | | |",
         "",
         f"KVStore: memory {stats['memory']['bytes']} / {stats['memory']['capacity']} B,"
         f" disk {stats['disk']['bytes']} / {stats['disk']['capacity']} B in"
         f" {stats['disk']['segments']} segment files; evictions memory"
         f" {stats['memory']['evictions']}, disk {stats['disk']['evictions']}; corrupt"
-        f" {stats['disk']['corrupt']}. Naive: {naive['files']} files.",
+        f" {stats['disk']['corrupt']}. Naive: {naive['files']} files."
+        + (
+            f" LMCache: {peer['files']} files, {peer['disk_bytes']} B."
+            if peer and "files" in peer
+            else ""
+        ),
         "",
     ]
     report = "\n".join(lines)
