@@ -61,7 +61,7 @@ class KVStore:
         remote_bytes: capacity of the remote tier (None: unbounded).
         policy: ``"lru"`` (default) or ``"s3fifo"`` (scan-resistant).
         write_through: write every block to every tier (default: exclusive).
-        segment_bytes: size of one disk segment file (default: min(64 MiB, disk/8)).
+        segment_bytes: size of one disk segment file (default: min(64 MiB, disk/32)).
         direct_io: disk I/O without the page cache where the filesystem allows.
     """
 
