@@ -315,3 +315,15 @@ def test_compaction_keeps_the_eviction_order(tmp_path: Path) -> None:
         for toks in requests[1:]:
             assert kv.longest_prefix(toks) == 4 * BT
         assert_within_capacity(kv)
+
+
+def test_writing_to_a_returned_block_does_not_change_the_stored_one(tmp_path: Path) -> None:
+    with store(tmp_path, memory_bytes=2 * BLOCK) as kv:
+        toks = tokens(800, 4)
+        blocks = blocks_for(toks)
+        kv.put(toks, blocks)  # blocks 0 and 1 on disk, 2 and 3 in memory
+        for got in kv.get(toks):  # disk hits are promoted to memory meanwhile
+            got[:] = -1.0
+        kv.flush()
+        check_equal(kv.get(toks), blocks)
+        assert kv.stats()["disk"]["promotions"] >= 2

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -278,9 +279,12 @@ class KVStore:
             if found is None:
                 break
             target = out[index] if out is not None and index < len(out) else None
-            result.append(decode(found.data, found.desc, out=target, device=device))
             if promote and found.tier != "memory":
-                self._promote_later(found, key)
+                # The caller owns what it gets back and may write to it: the copy
+                # placed in memory must not share its bytes.
+                private = replace(found, data=found.data.copy()) if target is None else found
+                self._promote_later(private, key)
+            result.append(decode(found.data, found.desc, out=target, device=device))
         if self._placement.garbage:  # a damaged remote object was dropped: delete it now
             self._placement.collect_garbage()
         return result
