@@ -209,3 +209,19 @@ def is_data_damage(exc: BaseException) -> bool:
 
 class CheckpointFallbackWarning(UserWarning):
     """Emitted when ``load()`` skips a damaged copy or checkpoint and falls back."""
+
+
+# --- KV cache --------------------------------------------------------------
+
+
+class KVCacheError(MouthguardError):
+    """A KV-cache store was misused or misconfigured (``mouthguard.kvcache``).
+
+    Bad arguments (a block count that does not match the tokens, a negative token
+    id, capacities that cannot hold one segment) and calls on a closed store raise
+    it. Damaged stored blocks never do: a block that fails its checksum is a miss.
+    """
+
+
+class KVCacheBusyError(KVCacheError):
+    """Another process (or another open ``KVStore``) already owns the disk directory."""
