@@ -261,7 +261,22 @@ def machine_line(root: Path) -> str:
     )
 
 
-def document(machine: str, command: str, total: float, cache: str, sections: list[str]) -> str:
+def load_line(before: tuple[float, float, float], after: tuple[float, float, float]) -> str:
+    """The machine's load averages (1, 5, 15 min) when the run started and ended.
+
+    On a machine shared with other work every figure is slower than the disk
+    allows; the load says how much else was running.
+    """
+    fmt = "/".join
+    return (
+        f"Load average (1/5/15 min) at the start: {fmt(f'{x:.2f}' for x in before)}; "
+        f"at the end: {fmt(f'{x:.2f}' for x in after)} ({os.cpu_count()} CPUs)."
+    )
+
+
+def document(
+    machine: str, command: str, total: float, cache: str, sections: list[str], load: str = ""
+) -> str:
     doc = [
         "# Benchmarks",
         "",
@@ -279,6 +294,7 @@ def document(machine: str, command: str, total: float, cache: str, sections: lis
         "",
         f"Total runtime: {total:.0f} s. Page cache between loads: {cache}.",
         "",
+        *([load, ""] if load else []),
         *TARGETS,
         "",
         "## What the figures count",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import shlex
 import shutil
 import sys
@@ -28,7 +29,7 @@ from benchmarks import memory, multirank
 from benchmarks.harness import CacheDrop, Harness
 from benchmarks.mouthguard_ops import Mouthguard
 from benchmarks.peers import Peers
-from benchmarks.report import SizeRun, document, machine_line, size_section
+from benchmarks.report import SizeRun, document, load_line, machine_line, size_section
 from benchmarks.state import build_state, check_equal, parse_size, size_label, state_nbytes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     sections: list[str] = []
     caches: list[CacheDrop] = []
     started = time.perf_counter()
+    load_before = os.getloadavg()
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
@@ -174,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         if owned:
             shutil.rmtree(root, ignore_errors=True)
     total = time.perf_counter() - started
-    doc = document(machine, reproduce(args), total, caches[0].describe(), sections)
+    load = load_line(load_before, os.getloadavg())
+    doc = document(machine, reproduce(args), total, caches[0].describe(), sections, load)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(doc)
     console.print(f"wrote {args.out} in {total:.0f} s")

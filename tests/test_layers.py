@@ -52,6 +52,8 @@ ALLOWED: dict[str, set[str]] = {
     "testing": {"errors", "tiers", "testing"},  # the kit for tier authors: above tiers only
     # Datasets: shards, manifests (signed as checkpoints are), the cache and the loader.
     "data": {"errors", "format", "tiers", "data"},
+    # KV-cache blocks for inference: transient state over memory, disk and any tier.
+    "kvcache": {"errors", "policy", "tiers", "kvcache"},
     "demo": _BASE | {"checkpoint", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},

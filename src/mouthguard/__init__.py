@@ -7,6 +7,7 @@ The public API::
     ckpt = mouthguard.Checkpointer(store, run="my-run")
     ckpt.save(step, state, importance="milestone")
     loaded = ckpt.load()            # newest valid checkpoint, verified
+    gate = mouthguard.burst_gate(store)   # busy while a save runs: loaders' prefetch yields
 """
 
 from mouthguard.checkpoint import (
@@ -24,6 +25,7 @@ from mouthguard.checkpoint import (
 from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
 from mouthguard.policy.importance import Importance
 from mouthguard.version import VERSION
+from mouthguard.wiring import burst_gate
 from mouthguard.wiring import install as _install_listeners
 
 __version__ = VERSION
@@ -43,6 +45,7 @@ __all__ = [
     "Store",
     "TrainingState",
     "__version__",
+    "burst_gate",
     "capture_rng_state",
     "open_store",
     "restore_rng_state",

@@ -155,6 +155,20 @@ class SampleError(DatasetError):
     """
 
 
+class AdoptionError(DatasetError):
+    """A user's data file cannot be indexed in place as it is (``mouthguard data index``).
+
+    A tar that is hostile or that WebDataset would read differently than indexed
+    (a member past the end of the file, a negative size, a path-traversal name,
+    garbage after the last member, compression), or a file that is not a Parquet
+    file pyarrow can read by row group. The message names the file and why.
+    """
+
+
+class MissingDependencyError(MouthguardError):
+    """An optional dependency is not installed; the message says what to install."""
+
+
 class ShardDamagedError(FormatError):
     """A shard or its index does not match the dataset manifest (damaged or hostile).
 
@@ -195,3 +209,19 @@ def is_data_damage(exc: BaseException) -> bool:
 
 class CheckpointFallbackWarning(UserWarning):
     """Emitted when ``load()`` skips a damaged copy or checkpoint and falls back."""
+
+
+# --- KV cache --------------------------------------------------------------
+
+
+class KVCacheError(MouthguardError):
+    """A KV-cache store was misused or misconfigured (``mouthguard.kvcache``).
+
+    Bad arguments (a block count that does not match the tokens, a negative token
+    id, capacities that cannot hold one segment) and calls on a closed store raise
+    it. Damaged stored blocks never do: a block that fails its checksum is a miss.
+    """
+
+
+class KVCacheBusyError(KVCacheError):
+    """Another process (or another open ``KVStore``) already owns the disk directory."""

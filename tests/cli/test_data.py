@@ -1,8 +1,11 @@
-"""``mouthguard data``: pack, verify, ls and show, in-process through main()."""
+"""``mouthguard data``: pack, index, verify, ls and show, in-process through main()."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ import pytest
 from mouthguard.cli.main import main
 from mouthguard.data import open_dataset
 from tests.cli.test_startup import loaded_by
+from tests.data.adopted import parquet_files, wds_tars
 from tests.data.helpers import flip_byte, shard_path, write_dataset
 from tests.data.test_pack import make_tree
 from tests.s3.fixtures import S3Bucket
@@ -163,3 +167,80 @@ def test_data_commands_import_no_torch(tmp_path: Path, args: list[str]) -> None:
     write_dataset(tmp_path, n=3)
     extra = [] if args[-1] == "--help" else [str(tmp_path / "ds")]
     assert loaded_by(*args, *extra) == []
+
+
+# --- index: adopting a dataset the user already has --------------------------------
+
+
+def test_index_webdataset_tars_then_verify_show_and_ls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wds_tars(tmp_path / "mine", shards=2, per=4)
+    code, out, _ = run(capsys, "index", str(tmp_path / "mine"))
+    assert code == 0
+    assert "indexed 8 samples in 2 webdataset files" in out and "fingerprint sha256:" in out
+    code, out, _ = run(capsys, "verify", str(tmp_path / "mine"))
+    assert code == 0 and "ok train/part-001.tar" in out and "mine: valid" in out
+    code, out, _ = run(capsys, "ls", str(tmp_path), "--json")
+    [listed] = [json.loads(line) for line in out.splitlines()]
+    assert listed["name"] == "mine" and listed["layout"] == "indexed" and listed["shards"] == 2
+    code, out, _ = run(capsys, "index", str(tmp_path / "mine"))
+    assert code == 2  # already indexed: nothing to adopt
+
+
+def test_index_parquet_json_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, rows = parquet_files(tmp_path / "text", files=2)
+    code, out, _ = run(capsys, "index", str(tmp_path / "text"), "--name", "corpus", "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["kind"] == "parquet" and info["name"] == "corpus" and info["samples"] == rows
+    assert info["files"] == 2 and info["row_groups"] == 9 and "text" in info["columns"]
+    code, out, _ = run(capsys, "show", str(tmp_path / "text"), "--json")
+    files = json.loads(out)["file_list"]
+    assert [f["name"] for f in files] == [
+        "data/train-00000-of-00002.parquet",
+        "data/train-00001-of-00002.parquet",
+    ]
+    code, out, _ = run(capsys, "show", str(tmp_path / "text"))
+    assert code == 0 and "row groups" in out and "train-00001-of-00002.parquet" in out
+
+
+def test_verify_reports_an_unlisted_file_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths, _ = parquet_files(tmp_path / "text", files=1)
+    assert run(capsys, "index", str(tmp_path / "text"))[0] == 0
+    (tmp_path / "text" / "data" / "late.parquet").write_bytes(paths[0].read_bytes())
+    code, out, _ = run(capsys, "verify", str(tmp_path / "text"))
+    assert code == 1 and "UNLISTED data/late.parquet" in out and "1 unlisted" in out
+    code, out, _ = run(capsys, "verify", str(tmp_path / "text"), "--json")
+    statuses = {x["shard"]: x["status"] for x in map(json.loads, out.splitlines())}
+    assert code == 1 and statuses["data/late.parquet"] == "unlisted"
+
+
+def test_index_exit_codes_for_what_cannot_be_indexed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = run(capsys, "index", str(tmp_path / "missing"))
+    assert code == 2 and "not a directory" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "index", str(tmp_path / "empty"))
+    assert code == 2 and "no .tar files" in err
+    (tmp_path / "hostile").mkdir()
+    with tarfile.open(tmp_path / "hostile" / "evil.tar", "w") as tar:
+        tar.addfile(tarfile.TarInfo("../../etc/cron.d/x.sh"), io.BytesIO(b""))
+    code, _, err = run(capsys, "index", str(tmp_path / "hostile"))
+    assert code == 1 and "error: " in err and "evil.tar" in err and "path traversal" in err
+    wds_tars(tmp_path / "both", shards=1, per=1)
+    parquet_files(tmp_path / "both", files=1)
+    code, _, err = run(capsys, "index", str(tmp_path / "both"))
+    assert code == 2 and "--kind" in err
+    assert run(capsys, "index", str(tmp_path / "both"), "--kind", "webdataset")[0] == 0
+    parquet_files(tmp_path / "text", files=1)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    code, _, err = run(capsys, "index", str(tmp_path / "text"))
+    assert code == 2 and "pip install 'mouthguard[parquet]'" in err
+    with pytest.raises(SystemExit) as exited:
+        main(["data", "index", str(tmp_path / "text"), "--kind", "csv"])
+    assert exited.value.code == 2

@@ -79,3 +79,69 @@ def test_two_ranks_two_workers_exactly_once_and_exact_resume(tmp_path: Path) -> 
     for rank, result in enumerate(results):
         assert result["resumed"] == result["reference"], f"rank {rank}"
         assert result["state"]["rank"] == rank and result["state"]["world_size"] == 2
+
+
+# --- a Parquet dataset: row groups in the role of shards -------------------------
+
+PARQUET_BATCH = 8
+
+
+def row_ids(batch: list[dict[str, object]]) -> list[object]:
+    """collate_fn: the ids of a batch of rows (module level: workers may pickle it)."""
+    return [row["id"] for row in batch]
+
+
+def _parquet_loader(root: str, seed: int = 2) -> object:
+    from mouthguard.data import StreamingDataLoader, StreamingDataset  # noqa: PLC0415
+
+    dataset = StreamingDataset(
+        Path(root) / "text",
+        shuffle=True,
+        seed=seed,
+        batch_size=PARQUET_BATCH,
+        shuffle_window=2,
+        cache_dir=Path(root) / "c",
+    )
+    return StreamingDataLoader(
+        dataset, num_workers=2, multiprocessing_context="fork", collate_fn=row_ids
+    )
+
+
+def _ids(loader: object, count: int | None = None) -> list[object]:
+    out: list[object] = []
+    for number, batch in enumerate(loader):  # type: ignore[attr-defined]
+        out += batch
+        if count is not None and number + 1 == count:
+            break
+    return out
+
+
+def _parquet_work(rank: int, world_size: int, root: str) -> dict[str, object]:
+    import multiprocessing  # noqa: PLC0415
+
+    import torch.distributed as dist  # noqa: PLC0415
+
+    multiprocessing.current_process().daemon = False  # see _work
+    reference = _ids(_parquet_loader(root))
+    first = _parquet_loader(root)
+    head = _ids(first, 5)
+    state = first.state_dict()  # type: ignore[attr-defined]
+    dist.barrier()
+    resumed = _parquet_loader(root, seed=99)
+    resumed.load_state_dict(state)  # type: ignore[attr-defined]
+    return {"reference": reference, "resumed": head + _ids(resumed)}
+
+
+@pytest.mark.slow
+def test_parquet_two_ranks_two_workers_every_row_once_and_exact_resume(tmp_path: Path) -> None:
+    from mouthguard.data import index_dataset  # noqa: PLC0415
+
+    from .adopted import parquet_files  # noqa: PLC0415
+
+    _, rows = parquet_files(tmp_path / "text")
+    index_dataset(tmp_path / "text")
+    results = run_distributed(_parquet_work, 2, str(tmp_path), timeout=120)
+    seen = [i for result in results for i in result["reference"]]
+    assert sorted(seen) == list(range(rows)), "each row exactly once across ranks and workers"
+    for rank, result in enumerate(results):
+        assert result["resumed"] == result["reference"], f"rank {rank}"

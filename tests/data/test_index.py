@@ -99,3 +99,62 @@ def test_hostile_index_is_refused_naming_the_shard(index: tuple[Body, int, int],
 def test_garbage_is_refused(raw: bytes) -> None:
     with pytest.raises(ShardDamagedError, match="shard-000000"):
         parse_index(raw, shard="shard-000000.tar", size=10240, count=1)
+
+
+# --- adopted shards: a user's tar, with extended headers and gaps between samples ---
+
+
+def _adopted() -> Body:
+    """Sample 0 has an extended header before its member; a directory entry sits before 1."""
+    return {
+        "format": "mouthguard-shard-index",
+        "version": 1,
+        "shard": "a/x.tar",
+        "size": 10240,
+        "samples": [
+            ["./d/" + "k" * 150, 0, 1536, [["jpg", 1024, 10]]],
+            ["./d/" + "k" * 150, 2048, 2048, [["json", 2560, 600], ["txt", 4096, 0]]],
+        ],
+    }
+
+
+def _parse_adopted(body: Body) -> object:
+    return parse_index(
+        json.dumps(body).encode(), shard="a/x.tar", size=10240, count=2, adopted=True
+    )
+
+
+def test_an_adopted_index_may_skip_bytes_and_repeat_a_key() -> None:
+    parsed = _parse_adopted(_adopted())
+    assert [s.key for s in parsed.samples] == ["./d/" + "k" * 150] * 2  # type: ignore[attr-defined]
+    with pytest.raises(ShardDamagedError):  # a packed shard's index may not
+        parse_index(json.dumps(_adopted()).encode(), shard="a/x.tar", size=10240, count=2)
+
+
+ADOPTED_HOSTILE: dict[str, Callable[[Body], None]] = {
+    "overlapping samples": _set(["samples", 1, 1], 1024),
+    "a member without a header before it": _set(["samples", 0, 3, 0, 1], 0),
+    "members overlapping": _set(["samples", 1, 3, 1, 1], 3072),
+    "span not ending at its last member": _set(["samples", 1, 2], 2560),
+    "past the end": lambda b: b.__setitem__("size", 4000),
+    "key traversal": _set(["samples", 0, 0], "../x"),
+    "key absolute": _set(["samples", 0, 0], "/x"),
+    "key with a control character": _set(["samples", 0, 0], "a\x01b"),
+    "extension upper case": _set(["samples", 0, 3, 0, 0], "JPG"),
+    "extension naming metadata": _set(["samples", 0, 3, 0, 0], "__key__"),
+    "duplicate extension": _set(["samples", 1, 3, 1, 0], "json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADOPTED_HOSTILE))
+def test_hostile_adopted_index_is_refused(case: str) -> None:
+    body = _adopted()
+    ADOPTED_HOSTILE[case](body)
+    with pytest.raises(ShardDamagedError, match=r"a/x\.tar"):
+        parse_index(
+            json.dumps(body).encode(),
+            shard="a/x.tar",
+            size=body["size"] if case == "past the end" else 10240,
+            count=2,
+            adopted=True,
+        )

@@ -1,8 +1,12 @@
-"""dataset.json: sealed, optionally signed, its fingerprint, and hostile manifests refused."""
+"""dataset.json: sealed, optionally signed, its fingerprint, and hostile manifests refused.
+
+Packed, adopted (``"layout": "indexed"``) and Parquet manifests alike.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,12 +16,18 @@ import pytest
 from mouthguard.data import open_dataset
 from mouthguard.data.manifest import (
     MAX_MANIFEST_BYTES,
+    ByteRange,
     IndexRecord,
+    ParquetRecord,
+    RowGroupRecord,
     ShardRecord,
     encode_manifest,
+    encode_parquet_manifest,
     fingerprint,
+    parquet_fingerprint,
     parse_manifest,
 )
+from mouthguard.data.names import adopted_index_name
 from mouthguard.errors import ManifestError, SignatureError
 from mouthguard.format.sealed import seal, unseal
 from mouthguard.format.signing import manifest_keys
@@ -172,3 +182,182 @@ def test_oversized_manifest_is_refused_unread(tmp_path: Path) -> None:
         f.truncate(MAX_MANIFEST_BYTES + 1)  # sparse: no real disk use
     with pytest.raises(ManifestError, match="over the limit"):
         open_dataset(path.parent)
+
+
+# --- layouts: packed manifests unchanged, adopted ones say so ---------------------
+
+
+def test_a_packed_manifest_is_byte_for_byte_what_it_was() -> None:
+    """Pinned: the sha256 of these bytes as the format wrote them before layouts existed."""
+    shards = [
+        ShardRecord(
+            f"shard-{i:06d}.tar",
+            10240 * (i + 1),
+            "ab"[i] * 64,
+            3 + i,
+            IndexRecord(f"shard-{i:06d}.index.json", 100 + i, "cd"[i] * 64),
+        )
+        for i in range(2)
+    ]
+    raw = encode_manifest(
+        "ds",
+        shards,
+        ["txt", "jpg"],
+        created=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+        keys=None,
+    )
+    assert hashlib.sha256(raw).hexdigest() == (
+        "48e07e3b49a97dd80011e0aded8a56316b767bd88a3c076c0a3fa2459e257223"
+    )
+    assert "layout" not in unseal(raw)
+    assert parse_manifest(raw, None).layout == "packed"
+
+
+def _adopted(number: int, path: str, sha: str = "a") -> ShardRecord:
+    return ShardRecord(
+        path, 1536 * (number + 1), sha * 64, 2, IndexRecord(adopted_index_name(path), 90, "b" * 64)
+    )
+
+
+def _adopted_raw(shards: list[ShardRecord], keys: Any = None) -> bytes:
+    return encode_manifest(
+        "mine",
+        shards,
+        ["jpg", "seg.png"],
+        created=dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
+        keys=keys,
+        layout="indexed",
+    )
+
+
+def test_an_adopted_webdataset_manifest_round_trips() -> None:
+    shards = [_adopted(0, "a/x-0.tar"), _adopted(1, "a/x-1.tar", "c"), _adopted(2, "b.tar")]
+    manifest = parse_manifest(_adopted_raw(shards), None)
+    assert manifest.layout == "indexed" and manifest.adopted and manifest.kind == "webdataset"
+    assert [s.name for s in manifest.shards] == ["a/x-0.tar", "a/x-1.tar", "b.tar"]
+    assert manifest.shards[0].index.name == "a/x-0.index.json"
+    assert manifest.counts == (2, 2, 2)
+    # The same shard list packed and adopted names different datasets.
+    assert manifest.fingerprint == fingerprint(shards, layout="indexed")
+    assert manifest.fingerprint != fingerprint(shards)
+
+
+def _adopted_body(change: Callable[[Body], None]) -> bytes:
+    body = unseal(_adopted_raw([_adopted(0, "a/x-0.tar"), _adopted(1, "a/x-1.tar", "c")]))
+    change(body)
+    return seal(body)
+
+
+ADOPTED_HOSTILE: dict[str, Callable[[Body], None]] = {
+    "layout packed said aloud": lambda b: b.__setitem__("layout", "packed"),
+    "an unknown layout": lambda b: b.__setitem__("layout", "borrowed"),
+    "traversal": lambda b: b["shards"][0].__setitem__("name", "../x.tar"),
+    "absolute": lambda b: b["shards"][0].__setitem__("name", "/etc/x.tar"),
+    "a dot segment": lambda b: b["shards"][0].__setitem__("name", "a/.x.tar"),
+    "not a tar": lambda b: b["shards"][0].__setitem__("name", "a/x-0.zip"),
+    "ours, not the user's": lambda b: b["shards"][0].__setitem__("name", "mouthguard-index/x.tar"),
+    "unsorted": lambda b: b["shards"].reverse(),
+    "twice": lambda b: b["shards"].__setitem__(1, b["shards"][0]),
+    "index of another shard": lambda b: b["shards"][0]["index"].__setitem__(
+        "name", "a/x-1.index.json"
+    ),
+    "more samples than bytes": lambda b: b["shards"][0].__setitem__("samples", 4),
+    "an extension WebDataset would lowercase": lambda b: b.__setitem__("extensions", ["JPG"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADOPTED_HOSTILE))
+def test_hostile_adopted_manifest_is_refused(case: str) -> None:
+    with pytest.raises(ManifestError, match="dataset manifest"):
+        parse_manifest(_adopted_body(ADOPTED_HOSTILE[case]), None)
+
+
+def _file(path: str, sha: str = "a") -> ParquetRecord:
+    groups = (RowGroupRecord(4, 1000, 100, "1" * 64), RowGroupRecord(1004, 500, 50, "2" * 64))
+    return ParquetRecord(path, 1804, sha * 64, ByteRange(1504, 300, "3" * 64), groups)
+
+
+def _parquet_raw(files: list[ParquetRecord] | None = None, keys: Any = None) -> bytes:
+    return encode_parquet_manifest(
+        "text",
+        files or [_file("data/a.parquet"), _file("data/b.parquet", "c")],
+        ["text", "id"],
+        created=dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
+        keys=keys,
+    )
+
+
+def test_a_parquet_manifest_round_trips_and_counts_rows_per_row_group() -> None:
+    manifest = parse_manifest(_parquet_raw(), None)
+    assert manifest.kind == "parquet" and manifest.adopted and manifest.shards == ()
+    assert [f.name for f in manifest.files] == ["data/a.parquet", "data/b.parquet"]
+    assert manifest.counts == (100, 50, 100, 50)  # the loader's units: row groups
+    assert manifest.samples == 300 and manifest.nbytes == 2 * 1804
+    assert manifest.columns == ("id", "text")
+    assert manifest.fingerprint == parquet_fingerprint(manifest.files)
+    body = unseal(_parquet_raw())
+    assert body["totals"] == {"files": 2, "row_groups": 4, "rows": 300, "bytes": 3608}
+
+
+def test_the_parquet_fingerprint_covers_every_row_group() -> None:
+    base = _file("a.parquet")
+    moved = ParquetRecord(
+        base.name,
+        base.size,
+        base.sha256,
+        base.footer,
+        (base.row_groups[0], RowGroupRecord(1004, 500, 49, "2" * 64)),
+    )
+    assert parquet_fingerprint([base]) != parquet_fingerprint([moved])
+
+
+def test_a_signed_parquet_manifest_verifies() -> None:
+    keys = manifest_keys(KEY)
+    assert parse_manifest(_parquet_raw(keys=keys), keys).signature_key is not None
+    with pytest.raises(SignatureError):
+        parse_manifest(_parquet_raw(), keys)
+
+
+def _parquet_body(change: Callable[[Body], None]) -> bytes:
+    body = unseal(_parquet_raw())
+    change(body)
+    return seal(body)
+
+
+def _group(i: int, field: str, value: Any) -> Callable[[Body], None]:
+    return lambda b: b["files"][0]["row_groups"][i].__setitem__(field, value)
+
+
+PARQUET_HOSTILE: dict[str, Callable[[Body], None]] = {
+    "no layout": lambda b: b.pop("layout"),
+    "shards, not files": lambda b: b.__setitem__("shards", b.pop("files")),
+    "no files": lambda b: b.__setitem__("files", []),
+    "traversal": lambda b: b["files"][0].__setitem__("name", "../a.parquet"),
+    "not parquet": lambda b: b["files"][0].__setitem__("name", "a.tar"),
+    "unsorted": lambda b: b["files"].reverse(),
+    "footer not at the end": lambda b: b["files"][0]["footer"].__setitem__("offset", 1500),
+    "footer inside the leading magic": lambda b: b["files"][0]["footer"].update(
+        offset=0, size=1804
+    ),
+    "row group before the magic": _group(0, "offset", 0),
+    "row groups overlapping": _group(1, "offset", 1000),
+    "row group into the footer": _group(1, "size", 501),
+    "empty row group range": _group(0, "size", 0),
+    "negative rows": _group(0, "rows", -1),
+    "a billion rows": _group(0, "rows", 10**9),
+    "row group sha not hex": _group(0, "sha256", "x" * 64),
+    "row groups not a list": lambda b: b["files"][0].__setitem__("row_groups", {}),
+    "a file too small": lambda b: b["files"][0].__setitem__("size", 11),
+    "totals that do not add up": lambda b: b["totals"].__setitem__("rows", 301),
+    "no rows at all": lambda b: [
+        g.__setitem__("rows", 0) for f in b["files"] for g in f["row_groups"]
+    ],
+    "columns not strings": lambda b: b.__setitem__("columns", [1]),
+    "a fingerprint of other files": lambda b: b.__setitem__("fingerprint", "sha256:" + "0" * 64),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PARQUET_HOSTILE))
+def test_hostile_parquet_manifest_is_refused(case: str) -> None:
+    with pytest.raises(ManifestError, match="dataset manifest"):
+        parse_manifest(_parquet_body(PARQUET_HOSTILE[case]), None)

@@ -1,4 +1,4 @@
-"""Datasets on a real S3 server (the session's Ceph RGW): pack, verify, stream back."""
+"""Datasets on a real S3 server (the session's Ceph RGW): pack or index, verify, stream back."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 from mouthguard.data import (
     StreamingDataLoader,
     StreamingDataset,
+    index_dataset,
     open_dataset,
     pack,
     verify_dataset,
@@ -17,6 +18,7 @@ from mouthguard.data import (
 from mouthguard.errors import DatasetError, ShardDamagedError
 from tests.s3.fixtures import S3Bucket
 
+from .adopted import parquet_files, parquet_rows, wds_tars, webdataset_samples
 from .helpers import expected, write_dataset
 from .test_pack import make_tree
 
@@ -57,6 +59,8 @@ def test_s3_url_with_workers_and_a_private_cache(
     reference = [s["__key__"] for s in StreamingDataset(url, shuffle=True, batch_size=2)]
     dataset = StreamingDataset(url, shuffle=True, batch_size=2)  # no cache_dir: a private one
     assert dataset.cache_dir is not None and Path(dataset.cache_dir).is_dir()
+    # A reader opens the bucket read-only: no probe objects written by every worker.
+    assert getattr(dataset.dataset.location.tier, "read_only", None) is True
     loader = StreamingDataLoader(dataset, num_workers=2)
     # Not forked from this process (its S3 client would hang), nor spawned (a torch
     # import per worker and epoch): forked from the clean fork server.
@@ -102,3 +106,54 @@ def test_damage_on_s3_is_found(s3_bucket: S3Bucket, tmp_path: Path) -> None:
     with pytest.raises(ShardDamagedError, match=r"shard-000001\.tar"):
         list(dataset)
     assert manifest.shards[1].name == "shard-000001.tar"
+
+
+# --- adopting datasets that already live in a bucket ------------------------------
+
+
+def _upload(bucket: S3Bucket, local: Path, prefix: str) -> None:
+    tier = bucket.tier()
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        tier.put(f"{prefix}/{path.relative_to(local).as_posix()}", path.read_bytes())
+
+
+def test_webdataset_tars_in_a_bucket_are_indexed_in_place_and_streamed(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _set_s3_env(monkeypatch, s3_bucket)
+    paths = wds_tars(tmp_path / "mine", shards=2, per=5)
+    _upload(s3_bucket, tmp_path / "mine", "users/mine")
+    url = f"{s3_bucket.url.rstrip('/')}/users/mine"
+    manifest = index_dataset(url, workers=2)
+    assert manifest.layout == "indexed" and manifest.name == "mine"
+    tier = s3_bucket.tier()
+    assert tier.exists("users/mine/mouthguard-index/dataset.json")
+    assert tier.exists("users/mine/mouthguard-index/shards/train/part-001.index.json")
+    assert tier.get("users/mine/train/part-000.tar") == paths[0].read_bytes()  # untouched
+    got = list(StreamingDataset(url, cache_dir=tmp_path / "cache", range_size=4096))
+    assert got == webdataset_samples(paths)
+    assert verify_dataset(url).ok
+
+
+def test_parquet_in_a_bucket_is_indexed_streamed_by_row_group_and_checked(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _set_s3_env(monkeypatch, s3_bucket)
+    paths, rows = parquet_files(tmp_path / "text", files=2)
+    _upload(s3_bucket, tmp_path / "text", "corpora/text")
+    url = f"{s3_bucket.url.rstrip('/')}/corpora/text"
+    manifest = index_dataset(url)
+    assert manifest.kind == "parquet" and manifest.samples == rows
+    dataset = StreamingDataset(url, shuffle=True, seed=4, shuffle_window=3, range_size=4096)
+    got = list(dataset)
+    assert sorted(got, key=lambda r: r["id"]) == parquet_rows(paths)
+    assert verify_dataset(url).ok
+    key = "corpora/text/data/train-00001-of-00002.parquet"
+    group = manifest.files[1].row_groups[1]
+    data = bytearray(s3_bucket.tier().get(key))
+    data[group.offset + 5] ^= 1
+    s3_bucket.tier().put(key, bytes(data))
+    [bad] = verify_dataset(url).mismatched
+    assert bad.name == "data/train-00001-of-00002.parquet" and "row group 1" in bad.reason
+    with pytest.raises(ShardDamagedError, match="row group 1"):
+        list(StreamingDataset(url, cache_dir=tmp_path / "fresh"))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from mouthguard.data import StreamingDataLoader, StreamingDataset, verified
+from mouthguard.data.part import Part
 from mouthguard.data.verified import VerifiedFiles
 from mouthguard.errors import ShardDamagedError
 
@@ -18,14 +19,14 @@ from .helpers import expected, flip_byte, shard_path, write_dataset
 
 def counting_hashes(monkeypatch: pytest.MonkeyPatch, log: Path) -> None:
     """Log every hash of a whole file, from this process and any it forks, to ``log``."""
-    real = verified.hash_fd
+    real = verified.hash_range
 
-    def logged(fd: int, size: int) -> str:
+    def logged(fd: int, start: int, size: int) -> str:
         with log.open("a") as f:
-            f.write(f"{os.getpid()} {size}\n")
-        return real(fd, size)
+            f.write(f"{os.getpid()} {start} {size}\n")
+        return real(fd, start, size)
 
-    monkeypatch.setattr(verified, "hash_fd", logged)
+    monkeypatch.setattr(verified, "hash_range", logged)
 
 
 def hashes(log: Path) -> int:
@@ -39,10 +40,12 @@ def blob(tmp_path: Path) -> tuple[Path, str]:
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def check(files: VerifiedFiles, path: Path, sha256: str) -> None:
+def check(files: VerifiedFiles, path: Path, sha256: str, offset: int = 0) -> None:
+    size = path.stat().st_size
     fd = os.open(path, os.O_RDONLY)
     try:
-        files.check(fd, str(path), sha256, path.stat().st_size, "blob")
+        part = Part("blob", "shard", size, offset, size - offset, sha256)
+        files.check(fd, str(path), part)
     finally:
         os.close(fd)
 
@@ -58,6 +61,9 @@ def test_a_file_hashed_by_one_process_is_trusted_by_the_others(
     assert hashes(log) == 1
     check(VerifiedFiles(tmp_path / "other", "stat"), path, sha)  # another record knows nothing
     assert hashes(log) == 2
+    tail = hashlib.sha256(path.read_bytes()[100:]).hexdigest()
+    check(VerifiedFiles(tmp_path / "record", "stat"), path, tail, offset=100)  # another part
+    assert hashes(log) == 3
 
 
 def test_a_changed_file_is_hashed_again_and_damage_is_caught(

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mouthguard.data import open_dataset, verify_dataset
+from mouthguard.data import index_dataset, open_dataset, verify_dataset
 from mouthguard.data.manifest import IndexRecord, ShardRecord, encode_manifest, parse_manifest
 from mouthguard.errors import DatasetNotFoundError, ManifestError, SignatureError, TierError
 from mouthguard.tiers.local import LocalTier
 
+from .adopted import parquet_files, wds_tars
 from .helpers import flip_byte, index_path, shard_path, truncate, write_dataset
 
 KEY = bytes(range(32))
@@ -135,3 +137,115 @@ def test_no_dataset_there(tmp_path: Path) -> None:
     with pytest.raises(DatasetNotFoundError, match=r"no dataset\.json"):
         verify_dataset(tmp_path / "empty")
     assert not (tmp_path / "nothing").exists(), "reading never creates anything"
+
+
+# --- adopted datasets: the user's tars and Parquet files ---------------------------
+
+
+@pytest.fixture
+def mine(tmp_path: Path) -> Path:
+    root = tmp_path / "mine"
+    wds_tars(root)
+    index_dataset(root)
+    return root
+
+
+def test_an_adopted_tar_dataset_verifies_and_damage_is_named(mine: Path) -> None:
+    assert verify_dataset(mine).ok
+    flip_byte(mine / "train" / "part-001.tar", 3000)
+    verdicts = _verdicts(mine)
+    status, reason = verdicts.pop("train/part-001.tar")
+    assert status == "mismatch" and "train/part-001.tar" in reason
+    assert {s for s, _ in verdicts.values()} == {"ok"}
+
+
+def test_an_adopted_index_that_lies_is_found(mine: Path) -> None:
+    """A forged index (and manifest, unsigned): the tar read again says otherwise."""
+    index = mine / "mouthguard-index" / "shards" / "train" / "part-000.index.json"
+    body = json.loads(index.read_bytes())
+    body["samples"][0][3][0][2] -= 1  # a member one byte shorter than it is
+    raw = json.dumps(body, separators=(",", ":")).encode() + b"\n"
+    index.write_bytes(raw)
+    manifest_path = mine / "mouthguard-index" / "dataset.json"
+    manifest = parse_manifest(manifest_path.read_bytes(), None)
+    first = manifest.shards[0]
+    forged = [
+        ShardRecord(
+            first.name,
+            first.size,
+            first.sha256,
+            first.samples,
+            IndexRecord(first.index.name, len(raw), hashlib.sha256(raw).hexdigest()),
+        ),
+        *manifest.shards[1:],
+    ]
+    manifest_path.write_bytes(
+        encode_manifest(
+            manifest.name,
+            forged,
+            manifest.extensions,
+            created=manifest.created,
+            keys=None,
+            layout="indexed",
+        )
+    )
+    status, reason = _verdicts(mine)["train/part-000.tar"]
+    assert status == "mismatch" and "does not list the samples a tar reader finds" in reason
+
+
+def test_files_added_or_removed_since_indexing_are_reported(mine: Path) -> None:
+    extra = mine / "train" / "part-009.tar"
+    shutil.copy(mine / "train" / "part-000.tar", extra)
+    report = verify_dataset(mine)
+    assert report.unlisted == ("train/part-009.tar",) and not report.ok
+    assert {c.status for c in report.shards} == {"ok"}
+    extra.unlink()
+    (mine / "train" / "part-002.tar").unlink()
+    report = verify_dataset(mine)
+    assert [(c.name, c.status) for c in report.mismatched] == [("train/part-002.tar", "mismatch")]
+
+
+@pytest.fixture
+def text(tmp_path: Path) -> tuple[Path, list[Path]]:
+    root = tmp_path / "text"
+    paths, _ = parquet_files(root)
+    index_dataset(root)
+    return root, paths
+
+
+def test_a_flipped_byte_in_a_row_group_names_the_file_and_the_row_group(
+    text: tuple[Path, list[Path]],
+) -> None:
+    root, paths = text
+    group = open_dataset(root).files[1].row_groups[2]
+    flip_byte(paths[1], group.offset + 10)
+    verdicts = _verdicts(root)
+    status, reason = verdicts.pop("data/train-00001-of-00003.parquet")
+    assert status == "mismatch"
+    assert f"row group 2 (bytes {group.offset} to {group.end})" in reason
+    assert "row group 1" not in reason and "footer" not in reason
+    assert {s for s, _ in verdicts.values()} == {"ok"}
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda p: flip_byte(p, -12), "footer"),
+        (lambda p: flip_byte(p, 1), "outside its row groups"),  # the leading PAR1
+        (lambda p: truncate(p, p.stat().st_size // 2), "truncated"),
+        (lambda p: p.unlink(), "missing"),
+    ],
+    ids=["footer", "magic", "truncated", "missing"],
+)
+def test_parquet_damage_is_a_mismatch(text: tuple[Path, list[Path]], damage: Any, why: str) -> None:
+    root, paths = text
+    damage(paths[0])
+    status, reason = _verdicts(root)["data/train-00000-of-00003.parquet"]
+    assert status == "mismatch" and why in reason
+
+
+def test_a_parquet_file_added_since_indexing_is_unlisted(text: tuple[Path, list[Path]]) -> None:
+    root, paths = text
+    shutil.copy(paths[0], root / "data" / "new.parquet")
+    report = verify_dataset(root)
+    assert report.unlisted == ("data/new.parquet",) and not report.ok

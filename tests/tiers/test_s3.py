@@ -596,3 +596,25 @@ def test_an_unreadable_version_order_is_an_error() -> None:
     page = {"Versions": [{"Key": "k", "VersionId": "a"}], "DeleteMarkers": []}
     with pytest.raises(TierError, match="order"):
         _merge_page(page, "k")  # no order recorded by the hook
+
+
+def test_a_read_only_tier_reads_and_refuses_every_write(s3_bucket: S3Bucket) -> None:
+    s3_bucket.tier().put("a/b", b"hello")
+    tier = s3_bucket.tier(read_only=True)
+    assert tier.read_only and tier.get("a/b") == b"hello" and tier.head("a/b").size == 5
+    assert list(tier.list("a/")) == ["a/b"]
+    # Nothing was measured (nothing was written at open): no capability is claimed.
+    assert tier.probe.notes == ("not probed: the tier was opened read-only",)
+    assert not tier.capabilities.conditional_put and not tier.capabilities.object_lock
+    writes: list[Callable[[], object]] = [
+        lambda: tier.put("a/c", b"x"),
+        lambda: tier.delete("a/b"),
+        lambda: tier.set_tags("a/b", {"k": "v"}),
+        lambda: tier.annotate("a/b", {"importance": "critical"}),
+        lambda: tier.set_legal_hold("a/b", True),
+        lambda: tier.collect_incomplete("a/", 0),
+    ]
+    for write in writes:
+        with pytest.raises(TierError, match="opened read-only"):
+            write()
+    assert tier.get("a/b") == b"hello" and not tier.exists("a/c")

@@ -1,25 +1,37 @@
-"""``mouthguard data``: pack, verify and inspect datasets of verified WebDataset shards.
+"""``mouthguard data``: pack, index, verify and inspect datasets with a verified manifest.
 
 ::
 
     mouthguard data pack SRC DEST [--name N] [--shard-size BYTES] [--json]
+    mouthguard data index SRC [--name N] [--kind webdataset|parquet] [--json]
     mouthguard data verify DATASET [--json]      # exit 1 naming every damaged shard
     mouthguard data ls DEST [--json]             # the datasets in DEST (or DEST itself)
-    mouthguard data show DATASET [--json]        # one dataset and its shards
+    mouthguard data show DATASET [--json]        # one dataset and its shards or files
+
+``index`` adopts a dataset the user already has -- the ``*.tar`` (WebDataset) or
+``*.parquet`` files under SRC, left untouched -- by writing indexes and a
+manifest beside them, in ``SRC/mouthguard-index/``; SRC is then a dataset like
+any packed one (``verify SRC``, ``StreamingDataset(SRC)``). Parquet needs
+pyarrow (``pip install 'mouthguard[parquet]'``).
 
 DEST and DATASET are local directories or ``s3://bucket/prefix`` URLs (S3
 settings from the environment, as every S3 tier reads them: ``AWS_ENDPOINT_URL``,
 ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``, ...). ``pack`` writes the dataset to
 ``DEST/NAME`` (NAME defaults to SRC's directory name) and shows its progress on
-stderr; ``--json`` prints one object (``pack``, ``show``) or JSON lines (``ls``,
-``verify``: one per dataset or shard). With ``$MOUTHGUARD_MANIFEST_KEY`` set,
-``pack`` signs the manifest and the others require a valid signature.
+stderr, as ``index`` does; ``--json`` prints one object (``pack``, ``index``,
+``show``) or JSON lines (``ls``, ``verify``: one per dataset or data file). With
+``$MOUTHGUARD_MANIFEST_KEY`` set, ``pack`` and ``index`` sign the manifest and
+the others require a valid signature.
 
-Exit codes: 0 success; 1 a shard is damaged or unreachable (``verify``), a
-manifest is damaged or wrongly signed, or a source file cannot be packed; 2 usage
-errors (bad arguments, no dataset at DATASET, DEST/NAME already taken).
+Exit codes: 0 success; 1 a data file is damaged or unreachable, or an adopted
+dataset's directory holds a data file its manifest does not list (``verify``), a
+manifest is damaged or wrongly signed, or a source file cannot be packed or
+indexed (a hostile tar, a file that is not Parquet); 2 usage errors (bad
+arguments, no dataset at DATASET, no directory or no data files at SRC, both
+kinds at SRC without ``--kind``, DEST/NAME already taken, SRC already indexed,
+pyarrow missing for Parquet).
 
-Torch is never imported.
+Torch is never imported; pyarrow only for Parquet.
 """
 
 from __future__ import annotations
@@ -40,21 +52,28 @@ from mouthguard.cli.common import (
     EXIT_USAGE,
     print_error,
 )
-from mouthguard.data import names
-from mouthguard.data.dataset import Dataset, open_at, resolve_keys
+from mouthguard.data.adopt import index_dataset
+from mouthguard.data.dataset import Dataset, manifest_key, open_at, resolve_keys
 from mouthguard.data.location import locate
+from mouthguard.data.manifest import PARQUET
 from mouthguard.data.pack import pack, source_bytes
 from mouthguard.data.verify import ShardCheck, verify_dataset
 from mouthguard.data.writer import DEFAULT_SHARD_SIZE
-from mouthguard.errors import DatasetExistsError, DatasetNotFoundError, MouthguardError
+from mouthguard.errors import (
+    DatasetExistsError,
+    DatasetNotFoundError,
+    MissingDependencyError,
+    MouthguardError,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``data`` and its subcommands on the ``mouthguard`` subparsers."""
     parser = sub.add_parser(
         "data",
-        help="pack, verify and inspect datasets (verified WebDataset shards)",
-        description="Datasets of WebDataset tar shards with a verified manifest.",
+        help="pack, index, verify and inspect datasets (WebDataset shards, Parquet)",
+        description="Datasets with a verified manifest: WebDataset tar shards packed by "
+        "mouthguard, or a user's own tars or Parquet files indexed in place.",
     )
     commands = parser.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     where = "a local directory or s3://bucket/prefix"
@@ -70,6 +89,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="target shard size (default 256MiB; 1GiB, 500MB, or bytes)",
     )
     pack_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+
+    index = commands.add_parser(
+        "index",
+        help="adopt an existing dataset in place: index its *.tar or *.parquet files",
+        description="Write indexes and a verified manifest beside the *.tar (WebDataset) or "
+        "*.parquet files under SRC, in SRC/mouthguard-index/, leaving the files untouched.",
+        epilog="exit status: 0 indexed; 1 a file cannot be indexed (named: a hostile tar, "
+        "not Parquet); 2 usage error (SRC is no directory, already indexed, holds no data "
+        "files of the kind or both kinds without --kind, or Parquet without pyarrow)",
+    )
+    index.add_argument("src", help=f"the dataset's files: {where}")
+    index.add_argument("--name", help="the dataset's name (default: SRC's last part)")
+    index.add_argument(
+        "--kind",
+        choices=("webdataset", "parquet"),
+        help="which files to index (default: whichever SRC holds)",
+    )
+    index.add_argument("--json", action="store_true", help="print one JSON object")
 
     verify = commands.add_parser(
         "verify",
@@ -92,10 +129,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace, console: Console, err: Console | None = None) -> int:
     """Run ``mouthguard data SUBCOMMAND`` (exit codes: see the module docstring)."""
     err = err if err is not None else Console(stderr=True, soft_wrap=True)
-    handlers = {"pack": _pack, "verify": _verify, "ls": _ls, "show": _show}
+    handlers = {"pack": _pack, "index": _index, "verify": _verify, "ls": _ls, "show": _show}
     try:
         return handlers[args.data_command](args, console, err)
-    except (DatasetNotFoundError, DatasetExistsError) as exc:
+    except (DatasetNotFoundError, DatasetExistsError, MissingDependencyError) as exc:
         print_error(str(exc))
         return EXIT_USAGE
     except MouthguardError as exc:
@@ -106,19 +143,28 @@ def run(args: argparse.Namespace, console: Console, err: Console | None = None) 
 def summary(dataset: Dataset) -> dict[str, object]:
     """What a dataset holds, as one JSON-able object."""
     m = dataset.manifest
-    return {
+    info: dict[str, object] = {
         "name": m.name,
         "location": dataset.location.describe(),
         "kind": m.kind,
+        "layout": m.layout,
         "created": m.created.isoformat(),
         "samples": m.samples,
-        "shards": len(m.shards),
-        "bytes": m.nbytes,
-        "extensions": list(m.extensions),
-        "fingerprint": m.fingerprint,
-        "signed": m.signed,
-        "signature_verified": m.signature_key is not None,
     }
+    if m.kind == PARQUET:
+        info["files"] = len(m.files)
+        info["row_groups"] = len(m.counts)
+    else:
+        info["shards"] = len(m.shards)
+    info["bytes"] = m.nbytes
+    if m.kind == PARQUET:
+        info["columns"] = list(m.columns)
+    else:
+        info["extensions"] = list(m.extensions)
+    info.update(
+        fingerprint=m.fingerprint, signed=m.signed, signature_verified=m.signature_key is not None
+    )
+    return info
 
 
 def _human(n: float) -> str:
@@ -157,6 +203,34 @@ def _pack(args: argparse.Namespace, console: Console, err: Console) -> int:
     return EXIT_OK
 
 
+def _index(args: argparse.Namespace, console: Console, err: Console) -> int:
+    columns = (TextColumn("indexing"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    with Progress(*columns, console=err, transient=args.json) as bar:
+        task = bar.add_task("index", total=None)
+        manifest = index_dataset(
+            args.src,
+            name=args.name,
+            kind=args.kind,
+            progress=lambda done: bar.update(task, completed=done),
+        )
+    dataset = open_at(locate(args.src), resolve_keys(None))
+    if args.json:
+        print(json.dumps(summary(dataset)))
+        return EXIT_OK
+    files = len(manifest.files) if manifest.kind == PARQUET else len(manifest.shards)
+    units = f", {len(manifest.counts)} row groups" if manifest.kind == PARQUET else ""
+    rows = "rows" if manifest.kind == PARQUET else "samples"
+    console.print(
+        f"indexed {manifest.samples} {rows} in {files} {manifest.kind} "
+        f"file{'' if files == 1 else 's'}{units} "
+        f"({_human(manifest.nbytes)}) at {escape(dataset.location.describe())}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(f"fingerprint {manifest.fingerprint}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
 def _verify(args: argparse.Namespace, console: Console, err: Console) -> int:
     del err  # verdicts go to stdout, damage included: that is the command's output
 
@@ -171,16 +245,27 @@ def _verify(args: argparse.Namespace, console: Console, err: Console) -> int:
         console.print(f"{mark} {escape(check.name)}{why}", highlight=False, soft_wrap=True)
 
     report = verify_dataset(args.dataset, on_shard=line, workers=2)
+    why = "not in the manifest: the loader does not read it (index again to include it)"
+    for path in report.unlisted:
+        if args.json:
+            print(json.dumps({"shard": path, "status": "unlisted", "reason": why}))
+        else:
+            console.print(
+                f"[red]UNLISTED[/red] {escape(path)}: {why}", highlight=False, soft_wrap=True
+            )
     if not args.json:
         bad = [*report.mismatched, *report.unreachable]
+        names = [c.name for c in bad] + list(report.unlisted)
         verdict = (
             "[green]valid[/green]"
             if report.ok
             else f"[red]INVALID[/red] ({len(report.mismatched)} damaged, "
-            f"{len(report.unreachable)} unreachable: {', '.join(c.name for c in bad)})"
+            f"{len(report.unreachable)} unreachable, {len(report.unlisted)} unlisted: "
+            f"{escape(', '.join(names))})"
         )
+        what = "files" if report.dataset.manifest.kind == PARQUET else "shards"
         console.print(
-            f"{escape(report.dataset.name)}: {verdict}, {len(report.shards)} shards, "
+            f"{escape(report.dataset.name)}: {verdict}, {len(report.shards)} {what}, "
             f"{report.dataset.samples} samples, {report.dataset.fingerprint}",
             highlight=False,
             soft_wrap=True,
@@ -192,12 +277,12 @@ def _datasets(dest: str) -> list[Dataset | tuple[str, str]]:
     """Datasets directly under ``dest`` (or ``dest`` itself); unreadable ones as (name, why)."""
     keys = resolve_keys(None)
     location = locate(dest)
-    if location.tier.exists(location.key(names.MANIFEST_NAME)):
+    if manifest_key(location) is not None:
         return [open_at(location, keys)]
     found: list[Dataset | tuple[str, str]] = []
     for child in location.tier.list_dirs(f"{location.prefix}/" if location.prefix else ""):
         place = location.child(child)
-        if not place.tier.exists(place.key(names.MANIFEST_NAME)):
+        if manifest_key(place) is None:
             continue  # not a dataset (or an uncommitted one: invisible)
         try:
             found.append(open_at(place, keys))
@@ -220,22 +305,23 @@ def _ls(args: argparse.Namespace, console: Console, err: Console) -> int:
         console.print(f"no datasets in {escape(args.dest)}", highlight=False, soft_wrap=True)
         return EXIT_OK
     table = Table(title=f"datasets in {escape(args.dest)}", title_justify="left")
-    for column in ("name", "samples", "shards", "size", "created", "fingerprint", "signed"):
-        table.add_column(column, justify="right" if column in ("samples", "shards") else "left")
+    for column in ("name", "kind", "samples", "files", "size", "created", "fingerprint", "signed"):
+        table.add_column(column, justify="right" if column in ("samples", "files") else "left")
     for item in found:
         if isinstance(item, Dataset):
             m = item.manifest
             table.add_row(
                 escape(m.name),
+                m.kind + (" (indexed)" if m.adopted else ""),
                 str(m.samples),
-                str(len(m.shards)),
+                str(len(m.shards) + len(m.files)),
                 _human(m.nbytes),
                 m.created.astimezone().strftime("%Y-%m-%d %H:%M"),
                 m.fingerprint[:23],
                 "verified" if m.signature_key else ("yes" if m.signed else "no"),
             )
         else:
-            table.add_row(escape(item[0]), "?", "?", "?", "?", "[red]damaged[/red]", "?")
+            table.add_row(escape(item[0]), "?", "?", "?", "?", "?", "[red]damaged[/red]", "?")
     console.print(table)
     for item in found:
         if not isinstance(item, Dataset):
@@ -255,16 +341,30 @@ def _show(args: argparse.Namespace, console: Console, err: Console) -> int:
         {"name": s.name, "samples": s.samples, "bytes": s.size, "sha256": s.sha256}
         for s in dataset.shards
     ]
+    files = [
+        {"name": f.name, "rows": f.rows, "row_groups": len(f.row_groups), "bytes": f.size}
+        | {"sha256": f.sha256}
+        for f in dataset.files
+    ]
     if args.json:
-        print(json.dumps({**info, "shard_list": shards}))
+        listing = {"file_list": files} if files else {"shard_list": shards}
+        print(json.dumps({**info, **listing}))
         return EXIT_OK
     for key, value in info.items():
         text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
         console.print(f"{key:>18}: {escape(text)}", highlight=False, soft_wrap=True)
-    table = Table(title="shards", title_justify="left")
-    for column in ("shard", "samples", "size", "sha256"):
-        table.add_column(column, justify="right" if column in ("samples", "size") else "left")
+    parquet = dataset.manifest.kind == PARQUET
+    table = Table(title="files" if parquet else "shards", title_justify="left")
+    heads = ("file", "rows", "row groups") if parquet else ("shard", "samples")
+    for column in (*heads, "size", "sha256"):
+        table.add_column(
+            column, justify="left" if column in ("file", "shard", "sha256") else "right"
+        )
     for s in dataset.shards:
-        table.add_row(s.name, str(s.samples), _human(s.size), s.sha256[:16])
+        table.add_row(escape(s.name), str(s.samples), _human(s.size), s.sha256[:16])
+    for f in dataset.files:
+        table.add_row(
+            escape(f.name), str(f.rows), str(len(f.row_groups)), _human(f.size), f.sha256[:16]
+        )
     console.print(table)
     return EXIT_OK

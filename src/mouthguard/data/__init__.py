@@ -2,7 +2,7 @@
 
 ::
 
-    from mouthguard.data import ShardWriter, StreamingDataLoader, StreamingDataset, pack
+    from mouthguard.data import StreamingDataLoader, StreamingDataset, index_dataset, pack
 
     pack("photos/", "datasets/", "photos")                 # x.jpg + x.json -> one sample
     ds = StreamingDataset("datasets/photos", shuffle=True, seed=0, batch_size=32,
@@ -10,25 +10,35 @@
     loader = StreamingDataLoader(ds, batch_size=32, num_workers=4)
     state = loader.state_dict()                            # epoch, position, seed, fingerprint
 
+    index_dataset("s3://bucket/c4")                        # the user's *.tar or *.parquet, in place
+    rows = StreamingDataset("s3://bucket/c4", shuffle=True, cache_dir="/mnt/nvme/cache")
+
 Module map: :mod:`~mouthguard.data.names` (layout, key rules),
 :mod:`~mouthguard.data.tarfmt` (deterministic tar bytes),
-:mod:`~mouthguard.data.index` and :mod:`~mouthguard.data.manifest` (formats and
-their hostile-input parsers), :mod:`~mouthguard.data.writer` and
-:mod:`~mouthguard.data.pack` (writing), :mod:`~mouthguard.data.dataset` and
-:mod:`~mouthguard.data.verify` (reading and checking),
+:mod:`~mouthguard.data.index`, :mod:`~mouthguard.data.manifest` and
+:mod:`~mouthguard.data.records` (formats and their hostile-input parsers),
+:mod:`~mouthguard.data.writer` and :mod:`~mouthguard.data.pack` (writing),
+:mod:`~mouthguard.data.adopt` (indexing a user's dataset in place:
+:mod:`~mouthguard.data.tarscan` for tars, :mod:`~mouthguard.data.pqindex` and
+:mod:`~mouthguard.data.pqfooter` for Parquet), :mod:`~mouthguard.data.dataset`
+and :mod:`~mouthguard.data.verify` (reading and checking),
 :mod:`~mouthguard.data.order` (epoch order and partitioning),
-:mod:`~mouthguard.data.cache` and :mod:`~mouthguard.data.fetch` (the local cache,
-downloads and prefetch), :mod:`~mouthguard.data.stream` and
-:mod:`~mouthguard.data.loader` (the torch side).
+:mod:`~mouthguard.data.cache`, :mod:`~mouthguard.data.fetch` and
+:mod:`~mouthguard.data.prefetch` (the local cache, downloads of shards and byte
+ranges, prefetch), :mod:`~mouthguard.data.tarread` and
+:mod:`~mouthguard.data.pqread` (samples out of shards, rows out of row groups),
+:mod:`~mouthguard.data.stream` and :mod:`~mouthguard.data.loader` (the torch side).
 
 The torch side is imported on first use, so the command line and the writer
-start without torch.
+start without torch; pyarrow only when a Parquet dataset is indexed or read
+(:mod:`~mouthguard.data.arrow`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mouthguard.data.adopt import index_dataset
 from mouthguard.data.burst import BurstSignal
 from mouthguard.data.dataset import Dataset, open_dataset
 from mouthguard.data.manifest import DatasetManifest, ShardRecord
@@ -56,6 +66,7 @@ __all__ = [
     "StreamingDataset",
     "VerifyReport",
     "discard_incomplete",
+    "index_dataset",
     "open_dataset",
     "pack",
     "verify_dataset",

@@ -73,28 +73,31 @@ _ATTEMPTS = 4
 
 
 class ShardFile:
-    """An open, verified shard (or index) file: read it with :meth:`read`; close to unpin.
+    """An open, verified shard, index or byte range: read it with :meth:`read`; close to unpin.
 
     Args:
         fd: an open file descriptor (owned: closed by :meth:`close`).
-        size: the object's size.
-        name: the shard's name, for messages.
+        size: the object's (or the range's) size.
+        name: the data file's name, for messages.
+        base: where the object starts in the file: 0 for a cache entry, a row
+            group's offset for a range of a Parquet file read in place.
     """
 
-    def __init__(self, fd: int, size: int, name: str) -> None:
+    def __init__(self, fd: int, size: int, name: str, base: int = 0) -> None:
         self.fd = fd
         self.size = size
         self.name = name
+        self.base = base
 
     def read(self, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)``; a short file is damage, never a short read."""
         parts: list[bytes] = []
         done = 0
         while done < length:
-            chunk = os.pread(self.fd, length - done, offset + done)
+            chunk = os.pread(self.fd, length - done, self.base + offset + done)
             if not chunk:
                 raise ShardDamagedError(
-                    f"shard {self.name}: file ended at byte {offset + done}", shard=self.name
+                    f"{self.name}: file ended at byte {self.base + offset + done}", shard=self.name
                 )
             parts.append(chunk)
             done += len(chunk)
@@ -108,26 +111,30 @@ class ShardFile:
             self.fd = -1
 
 
+def hash_range(fd: int, start: int, size: int) -> str:
+    """sha256 hex of bytes ``[start, start + size)`` of ``fd`` ("" if the file is shorter)."""
+    digest = hashlib.sha256()
+    done = 0
+    while done < size:
+        chunk = os.pread(fd, min(_HASH_CHUNK, size - done), start + done)
+        if not chunk:
+            return ""  # a wrong size never matches a sha256
+        digest.update(chunk)
+        done += len(chunk)
+    return digest.hexdigest()
+
+
 def hash_fd(fd: int, size: int) -> str:
     """sha256 hex of the first ``size`` bytes of ``fd`` (and of nothing past them)."""
-    digest = hashlib.sha256()
-    offset = 0
-    while offset < size:
-        chunk = os.pread(fd, min(_HASH_CHUNK, size - offset), offset)
-        if not chunk:
-            break
-        digest.update(chunk)
-        offset += len(chunk)
-    if offset != size or os.pread(fd, 1, size):
-        return ""  # a wrong size never matches a sha256
-    return digest.hexdigest()
+    if os.pread(fd, 1, size):
+        return ""  # longer than it should be
+    return hash_range(fd, 0, size)
 
 
 def _check_download(digest: str, sha256: str, name: str, what: str) -> None:
     if digest != sha256:
         raise ShardDamagedError(
-            f"shard {name}: sha256 of the downloaded {what} does not match the manifest",
-            shard=name,
+            f"{name}: sha256 of the downloaded {what} does not match the manifest", shard=name
         )
 
 
@@ -215,9 +222,9 @@ class ShardCache:
             fetch: writes the object into the given fd (at offset 0) and returns the
                 sha256 hex of what it wrote; called at most once per missing entry
                 across all processes sharing the cache.
-            name: the shard's name, for messages and errors.
+            name: the data file's name, for messages and errors.
             must: the consumer needs it now: download even beyond the limit.
-            what: what the object is (``shard``, ``index``), for messages.
+            what: what the object is (``shard``, ``index``, ``row group 3``), for messages.
 
         Returns:
             The open file, or None when ``must`` is false and there is no room.
@@ -234,7 +241,7 @@ class ShardCache:
                 if (self.blobs / sha256).exists():
                     continue  # inserted while we waited for the lock: verify it above
                 return self._download(sha256, size, fetch, name=name, must=must, what=what)
-        raise TierError(f"shard {name}: cache entry kept changing under {self.root}")
+        raise TierError(f"{name}: cache entry kept changing under {self.root}")
 
     def _open_verified(self, sha256: str, size: int, name: str) -> ShardFile | None:
         path = self.blobs / sha256
@@ -258,7 +265,7 @@ class ShardCache:
             self._write_stamp(sha256, fd)
             return ShardFile(fd, size, name)
         os.close(fd)
-        log.warning("cache entry of shard %s in %s was altered: fetching it again", name, path)
+        log.warning("cache entry of %s in %s was altered: fetching it again", name, path)
         self._remove(sha256)
         return None
 

@@ -5,6 +5,13 @@ signature when a manifest key is configured, every field; see
 :mod:`~mouthguard.data.manifest`) and returns a :class:`Dataset`. Nothing else
 is read: shards are verified by whoever reads them (the loader before yielding a
 sample of one, :func:`~mouthguard.data.verify.verify_dataset` for all of them).
+
+A dataset is opened where its data is: a packed dataset's prefix (manifest at
+``dataset.json``), or the directory of an adopted one (manifest at
+``mouthguard-index/dataset.json``, data files named relative to the directory).
+Each manifest must be where its layout says: an adopted manifest found at the
+top (someone opened ``SRC/mouthguard-index`` itself) would resolve the user's
+files in the wrong place, and is refused with a pointer to ``SRC``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from mouthguard.data.location import Location, Target, locate
 from mouthguard.data.manifest import (
     MAX_MANIFEST_BYTES,
     DatasetManifest,
+    ParquetRecord,
     ShardRecord,
     parse_manifest,
 )
@@ -52,8 +60,13 @@ class Dataset:
         return self.manifest.shards
 
     @property
+    def files(self) -> tuple[ParquetRecord, ...]:
+        """The Parquet files, in order (empty for WebDataset)."""
+        return self.manifest.files
+
+    @property
     def samples(self) -> int:
-        """Samples in the dataset."""
+        """Samples (Parquet: rows) in the dataset."""
         return self.manifest.samples
 
     @property
@@ -67,12 +80,20 @@ class Dataset:
         return self.manifest.fingerprint
 
     def shard_key(self, shard: ShardRecord) -> str:
-        """The tier key of ``shard``."""
+        """The tier key of ``shard`` (adopted: the user's file, where it is)."""
+        if self.manifest.adopted:
+            return self.location.key(shard.name)
         return self.location.key(names.SHARDS_DIR, shard.name)
 
     def index_key(self, shard: ShardRecord) -> str:
         """The tier key of ``shard``'s index."""
+        if self.manifest.adopted:
+            return self.location.key(names.INDEX_DIR, names.SHARDS_DIR, shard.index.name)
         return self.location.key(names.SHARDS_DIR, shard.index.name)
+
+    def file_key(self, record: ParquetRecord) -> str:
+        """The tier key of a Parquet file (the user's, where it is)."""
+        return self.location.key(record.name)
 
     def read_index(self, shard: ShardRecord) -> ShardIndex:
         """Read ``shard``'s index from the tier, check it against the manifest, parse it.
@@ -87,11 +108,13 @@ class Dataset:
             raise ShardDamagedError(
                 f"shard {shard.name}: index {shard.index.name} is missing", shard=shard.name
             ) from None
-        return check_index(shard, raw)
+        return check_index(shard, raw, adopted=self.manifest.adopted)
 
 
-def check_index(shard: ShardRecord, raw: bytes) -> ShardIndex:
+def check_index(shard: ShardRecord, raw: bytes, *, adopted: bool = False) -> ShardIndex:
     """``raw`` as ``shard``'s index: size and sha256 against the manifest, then parsed.
+
+    ``adopted``: the shard is a user's tar (:func:`~mouthguard.data.index.parse_index`).
 
     Raises:
         ShardDamagedError: any mismatch; the message names the shard.
@@ -105,7 +128,22 @@ def check_index(shard: ShardRecord, raw: bytes) -> ShardIndex:
         raise ShardDamagedError(
             f"shard {shard.name}: index sha256 does not match the manifest", shard=shard.name
         )
-    return parse_index(raw, shard=shard.name, size=shard.size, count=shard.samples)
+    return parse_index(raw, shard=shard.name, size=shard.size, count=shard.samples, adopted=adopted)
+
+
+def manifest_key(location: Location) -> str | None:
+    """The key of the manifest at ``location``: packed, adopted, or None (nothing committed).
+
+    Raises:
+        TierError: the tier could not be read.
+    """
+    for key in (
+        location.key(names.MANIFEST_NAME),
+        location.key(names.INDEX_DIR, names.MANIFEST_NAME),
+    ):
+        if location.tier.exists(key):
+            return key
+    return None
 
 
 def read_manifest(location: Location, keys: Keyring | None) -> DatasetManifest:
@@ -117,8 +155,10 @@ def read_manifest(location: Location, keys: Keyring | None) -> DatasetManifest:
             ManifestError) when a key is configured and the signature fails.
         TierError: the tier could not be read.
     """
-    key = location.key(names.MANIFEST_NAME)
+    key = manifest_key(location)
     try:
+        if key is None:  # one message for "none there" and "gone since we looked"
+            raise ObjectNotFoundError(names.MANIFEST_NAME)  # noqa: TRY301
         size = location.tier.head(key).size
         if size > MAX_MANIFEST_BYTES:
             raise ManifestError(
@@ -127,9 +167,22 @@ def read_manifest(location: Location, keys: Keyring | None) -> DatasetManifest:
         raw = location.tier.get(key)
     except ObjectNotFoundError:
         raise DatasetNotFoundError(
-            f"no dataset at {location.describe()} (no {names.MANIFEST_NAME}: nothing committed)"
+            f"no dataset at {location.describe()} (no {names.MANIFEST_NAME}, nor "
+            f"{names.INDEX_DIR}/{names.MANIFEST_NAME}: nothing committed or indexed)"
         ) from None
-    return parse_manifest(raw, keys)
+    manifest = parse_manifest(raw, keys)
+    in_index_dir = key.endswith(f"{names.INDEX_DIR}/{names.MANIFEST_NAME}")
+    if manifest.adopted and not in_index_dir:
+        raise DatasetNotFoundError(
+            f"{location.describe()} holds the index of an adopted dataset, not the dataset: "
+            "open the directory that holds it (the parent of this one)"
+        )
+    if in_index_dir and not manifest.adopted:
+        raise ManifestError(
+            f"dataset manifest at {location.describe()}/{names.INDEX_DIR} is a packed one: "
+            f"packed datasets keep theirs at the top, {names.INDEX_DIR}/ is for adopted ones"
+        )
+    return manifest
 
 
 def resolve_keys(signing_key: KeySpec | None) -> Keyring | None:

@@ -1,52 +1,43 @@
-"""Getting verified shards to the reader: downloads into the cache, and prefetch ahead of it.
+"""Getting verified bytes to the reader: whole shards, or byte ranges of a file, via the cache.
 
-:class:`ShardSource` opens a shard as a verified local file, in one of two ways:
+:class:`ShardSource` opens a shard -- or a byte range of a data file with its own
+sha256 in the manifest (a Parquet row group, a footer) -- as a verified local
+file, in one of two ways:
 
 * **through the cache** (any tier): a missing entry is downloaded with several
   concurrent range reads (:mod:`~mouthguard.data.ranged`), hashed in order as it
   is written, and inserted only if its sha256 is the manifest's
-  (:mod:`~mouthguard.data.cache`);
+  (:mod:`~mouthguard.data.cache`; entries are named by that sha256, so a range
+  is an entry of its own);
 * **in place** (a local dataset and no cache): the dataset's own file is opened
-  and hashed before use; with ``verify="stat"`` a record shared by the dataset's
-  processes (:mod:`~mouthguard.data.verified`) spares the re-hash, in every
-  process and epoch, while the file's metadata is unchanged.
+  and the bytes hashed before use; with ``verify="stat"`` a record shared by the
+  dataset's processes (:mod:`~mouthguard.data.verified`) spares the re-hash, in
+  every process and epoch, while the file's metadata is unchanged.
 
-Either way no sample of a shard is read before the whole shard matched the
-manifest. Indexes are checked (size, sha256) and parsed as hostile input before use.
-
-:class:`Prefetcher` runs ahead of the consumer in a background thread, keeping
-at most ``depth`` shards opened and waiting. Before each download it yields to
-a checkpoint burst (:class:`~mouthguard.data.burst.BurstSignal`), a bounded wait.
-It never makes the consumer wait for a burst: a shard the consumer needs that
-the prefetcher has not started is fetched by the consumer itself, at once
-(and beyond the cache limit if it must), and the prefetcher skips it.
+Either way no byte of a shard or range is used before the whole of it matched
+the manifest, and the data file must have the manifest's size (a truncated file
+is damage, not a short read). Indexes are checked (size, sha256) and parsed as
+hostile input before use. Prefetching ahead of the reader is
+:mod:`~mouthguard.data.prefetch`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import threading
-import time
-from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections import OrderedDict
 from dataclasses import dataclass
 
-from mouthguard.data.burst import BurstSignal
 from mouthguard.data.cache import ShardCache, ShardFile
 from mouthguard.data.dataset import Dataset, check_index
 from mouthguard.data.index import ShardIndex
-from mouthguard.data.manifest import ShardRecord
+from mouthguard.data.part import Part
 from mouthguard.data.ranged import read_ranges
 from mouthguard.data.verified import VerifiedFiles
 from mouthguard.errors import ObjectNotFoundError, ShardDamagedError
 from mouthguard.tiers.local import LocalTier
 
-log = logging.getLogger(__name__)
-
-#: A burst is waited for in steps this long, checking in between whether to stop.
-_BURST_STEP = 0.5
 #: Parsed indexes kept per process (a block's shards plus those prefetched).
 _INDEX_MEMO = 16
 
@@ -90,24 +81,25 @@ class ShardSource:
         try:
             size = self.dataset.location.tier.head(key).size
         except ObjectNotFoundError:
-            raise ShardDamagedError(f"shard {name}: {key} is missing", shard=name) from None
+            raise ShardDamagedError(f"{name}: {key} is missing", shard=name) from None
         if size != record_size:
             raise ShardDamagedError(
-                f"shard {name}: {key} is {size} bytes, the manifest says {record_size}"
+                f"{name}: {key} is {size} bytes, the manifest says {record_size}"
                 + (" (truncated)" if size < record_size else ""),
                 shard=name,
             )
 
-    def _download(self, key: str, size: int, name: str, fd: int) -> str:
-        self._check_size(key, size, name)
+    def _download(self, key: str, part: Part, fd: int) -> str:
+        self._check_size(key, part.file_size, part.name)
         digest = hashlib.sha256()
         for start, data in read_ranges(
             self.dataset.location.tier,
             key,
-            size,
-            shard=name,
+            part.size,
+            shard=part.name,
             range_size=self.settings.range_size,
             parallel=self.settings.parallel,
+            offset=part.offset,
         ):
             view, at = memoryview(data), start
             while view:
@@ -124,33 +116,43 @@ class ShardSource:
             TierError: it could not be read.
         """
         record = self.dataset.shards[number]
-        key = self.dataset.shard_key(record)
+        part = Part(record.name, "shard", record.size, 0, record.size, record.sha256)
+        return self.open_part(self.dataset.shard_key(record), part, must=must)
+
+    def open_part(self, key: str, part: Part, *, must: bool) -> ShardFile | None:
+        """``part`` of the data file ``key`` as a verified, open file (None: no room to prefetch).
+
+        Raises:
+            ShardDamagedError: the file or the bytes do not match the manifest (names them).
+            TierError: they could not be read.
+        """
         if self.cache is None:
-            return self._open_in_place(record, key)
+            return self._open_in_place(key, part)
         return self.cache.open(
-            record.sha256,
-            record.size,
-            lambda fd: self._download(key, record.size, record.name, fd),
-            name=record.name,
+            part.sha256,
+            part.size,
+            lambda fd: self._download(key, part, fd),
+            name=part.name,
             must=must,
+            what=part.what,
         )
 
-    def _open_in_place(self, record: ShardRecord, key: str) -> ShardFile:
+    def _open_in_place(self, key: str, part: Part) -> ShardFile:
         tier = self.dataset.location.tier
         assert isinstance(tier, LocalTier)
-        self._check_size(key, record.size, record.name)
+        self._check_size(key, part.file_size, part.name)
         path = tier.path_of(key)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
-            raise ShardDamagedError(f"shard {record.name} is missing", shard=record.name) from None
+            raise ShardDamagedError(f"{part.name} is missing", shard=part.name) from None
         assert self.verified is not None  # no cache: in place, with the shared record
         try:
-            self.verified.check(fd, str(path), record.sha256, record.size, record.name)
+            self.verified.check(fd, str(path), part)
         except BaseException:
             os.close(fd)
             raise
-        return ShardFile(fd, record.size, record.name)
+        return ShardFile(fd, part.size, part.name, base=part.offset)
 
     def index(self, number: int) -> ShardIndex:
         """The checked, parsed index of shard ``number`` (memoised per process)."""
@@ -164,17 +166,21 @@ class ShardSource:
             parsed = self.dataset.read_index(record)
         else:
             key = self.dataset.index_key(record)
+            index = record.index
+            part = Part(record.name, "index", index.size, 0, index.size, index.sha256)
             handle = self.cache.open(
-                record.index.sha256,
-                record.index.size,
-                lambda fd: self._download(key, record.index.size, record.name, fd),
+                index.sha256,
+                index.size,
+                lambda fd: self._download(key, part, fd),
                 name=record.name,
                 must=True,
                 what="index",
             )
             assert handle is not None  # must=True never gives up
             try:
-                parsed = check_index(record, handle.read(0, record.index.size))
+                parsed = check_index(
+                    record, handle.read(0, record.index.size), adopted=self.dataset.manifest.adopted
+                )
             finally:
                 handle.close()
         with self._lock:
@@ -182,135 +188,3 @@ class ShardSource:
             while len(self._indexes) > _INDEX_MEMO:
                 self._indexes.popitem(last=False)
         return parsed
-
-
-class _Ready:
-    """A prefetched shard: its open file, or the error that stopped it."""
-
-    def __init__(self, file: ShardFile | None, error: BaseException | None) -> None:
-        self.file = file
-        self.error = error
-
-
-_RUNNING = object()
-
-
-class Prefetcher:
-    """Opens the consumer's upcoming shards ahead of it; see the module docstring.
-
-    Args:
-        source: where shards come from.
-        depth: shards opened ahead and not yet taken, at most.
-        burst: a checkpoint-burst signal to yield to before each download.
-        max_burst_wait: the longest one wait for a burst lasts.
-    """
-
-    def __init__(
-        self,
-        source: ShardSource,
-        *,
-        depth: int,
-        burst: BurstSignal | None = None,
-        max_burst_wait: float = 60.0,
-    ) -> None:
-        self.source = source
-        self.depth = depth
-        self.burst = burst
-        self.max_burst_wait = max_burst_wait
-        self._cond = threading.Condition()
-        self._queue: deque[int] = deque()
-        self._slots: dict[int, object] = {}  # shard -> _RUNNING or _Ready
-        self._claimed: set[int] = set()  # the consumer fetches these itself
-        self._closed = False
-        self._thread: threading.Thread | None = None
-        self.burst_waits = 0  # how often prefetch yielded to a burst (for reports and tests)
-
-    def announce(self, shards: Iterable[int]) -> None:
-        """Queue shards the consumer will take, in the order it will take them."""
-        if self.depth <= 0:
-            return
-        with self._cond:
-            self._queue.extend(shards)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
-
-    def _ready_count(self) -> int:
-        return sum(1 for slot in self._slots.values() if isinstance(slot, _Ready))
-
-    def _next(self) -> int | None:
-        with self._cond:
-            while not self._closed and (not self._queue or self._ready_count() >= self.depth):
-                self._cond.wait()
-            if self._closed:
-                return None
-            return self._queue.popleft()
-
-    def _run(self) -> None:
-        while (shard := self._next()) is not None:
-            with self._cond:
-                if shard in self._claimed or shard in self._slots:
-                    continue
-            self._yield_to_burst()
-            with self._cond:
-                if shard in self._claimed or self._closed:
-                    continue
-                self._slots[shard] = _RUNNING
-            try:
-                ready = _Ready(self.source.open_shard(shard, must=False), None)
-            except Exception as exc:  # noqa: BLE001 - handed to the consumer, who retries
-                ready = _Ready(None, exc)
-            with self._cond:
-                if self._stopped():
-                    if ready.file is not None:
-                        ready.file.close()
-                    return
-                self._slots[shard] = ready
-                self._cond.notify_all()
-
-    def _yield_to_burst(self) -> None:
-        """Wait while a burst is on (at most ``max_burst_wait``), in steps: close() stays quick."""
-        burst = self.burst
-        if burst is None or not burst.busy:
-            return
-        self.burst_waits += 1
-        deadline = time.monotonic() + self.max_burst_wait
-        while burst.busy and not self._stopped() and (left := deadline - time.monotonic()) > 0:
-            burst.wait(min(_BURST_STEP, left))
-
-    def _stopped(self) -> bool:
-        # A method, not the attribute: close() may set it while a download runs.
-        return self._closed
-
-    def take(self, shard: int) -> ShardFile:
-        """Shard ``shard``, opened: the prefetched one, or fetched now (never waits for a burst).
-
-        Raises:
-            ShardDamagedError, TierError: as :meth:`ShardSource.open_shard`.
-        """
-        with self._cond:
-            while self._slots.get(shard) is _RUNNING:  # its download runs: the fastest way
-                self._cond.wait()
-            slot = self._slots.pop(shard, None)
-            self._claimed.add(shard)
-            self._cond.notify_all()
-        if isinstance(slot, _Ready) and slot.file is not None:
-            return slot.file
-        if isinstance(slot, _Ready) and slot.error is not None:
-            log.info("prefetch of shard %d failed (%s): reading it now", shard, slot.error)
-        file = self.source.open_shard(shard, must=True)
-        assert file is not None  # must=True never gives up
-        return file
-
-    def close(self) -> None:
-        """Stop prefetching and close every shard opened ahead."""
-        with self._cond:
-            self._closed = True
-            slots, self._slots = self._slots, {}
-            self._cond.notify_all()
-        for slot in slots.values():
-            if isinstance(slot, _Ready) and slot.file is not None:
-                slot.file.close()
-        if self._thread is not None:
-            self._thread.join(timeout=60)

@@ -19,6 +19,17 @@ members tile each span exactly, in order: header, data, padding, next header,
 and the spans tile the shard from byte 0 to its end-of-archive blocks. An index
 that passes can only point at bytes of its own shard, and it describes every
 member a tar reader would find there.
+
+An **adopted** shard's index (``adopted=True``: a user's tar, indexed in place by
+:mod:`~mouthguard.data.tarscan`) has the same format and looser geometry: a
+user's tar may hold extended headers (GNU long names, PAX), directories and
+metadata members between samples, so spans need not tile the shard. What still
+holds: samples in order and non-overlapping, each member's data after at least
+one header block and after the previous member's padding, every span ending
+where its last member's padding does, and nothing past the shard's end. Keys
+and extensions follow the adopted rules (:func:`~mouthguard.data.names.member_path_problem`,
+:func:`~mouthguard.data.names.adopted_ext_problem`), and a key may recur, as
+WebDataset yields a key twice when its members are not adjacent.
 """
 
 from __future__ import annotations
@@ -79,9 +90,10 @@ def encode_index(shard: str, size: int, samples: Sequence[SampleEntry]) -> bytes
 
 
 class _Parser:
-    def __init__(self, shard: str, size: int) -> None:
+    def __init__(self, shard: str, size: int, adopted: bool) -> None:
         self.shard = shard
         self.size = size
+        self.adopted = adopted
 
     def fail(self, why: str) -> ShardDamagedError:
         return ShardDamagedError(f"shard {self.shard}: index {why}", shard=self.shard)
@@ -95,15 +107,14 @@ class _Parser:
         if type(raw) is not list or len(raw) != 4:
             raise self.fail(f"sample {number} is not a [key, offset, length, members] list")
         key, offset, length, members = raw
-        if type(key) is not str:
-            raise self.fail(f"sample {number} key is not a string")
-        try:
-            names.check_key(key)
-        except SampleError as exc:
-            raise self.fail(f"sample {number}: {exc}") from None
+        if type(key) is not str or not key:
+            raise self.fail(f"sample {number} key is not a non-empty string")
+        self.key(key, number)
         offset = self.integer(offset, f"sample {key!r} offset")
         length = self.integer(length, f"sample {key!r} length", 1)
-        if offset != cursor:  # samples tile the shard: no bytes a tar reader sees but we skip
+        if self.adopted and offset < cursor:
+            raise self.fail(f"sample {key!r} starts before the previous sample ends")
+        if not self.adopted and offset != cursor:  # packed samples tile the shard
             raise self.fail(f"sample {key!r} does not start where the previous sample ends")
         if type(members) is not list or not members:
             raise self.fail(f"sample {key!r} has no members")
@@ -111,7 +122,9 @@ class _Parser:
         at = offset
         for item in members:
             member = self.member(item, key)
-            if member.offset != at + tarfmt.BLOCK:  # header, then data, then padding
+            # Header, then data, then padding; an adopted tar may put more headers between.
+            where = at + tarfmt.BLOCK
+            if member.offset < where if self.adopted else member.offset != where:
                 raise self.fail(f"sample {key!r} member {member.ext!r} is not where tar puts it")
             if any(m.ext == member.ext for m in parsed):
                 raise self.fail(f"sample {key!r} has member {member.ext!r} twice")
@@ -119,9 +132,20 @@ class _Parser:
             at = member.offset + member.size + tarfmt.padding(member.size)
         if at != offset + length:
             raise self.fail(f"sample {key!r} span does not end where its last member does")
-        if offset + length > self.size - 2 * tarfmt.BLOCK:
+        if offset + length > self.size - (0 if self.adopted else 2 * tarfmt.BLOCK):
             raise self.fail(f"sample {key!r} runs past the end of the shard")
         return SampleEntry(key, offset, length, tuple(parsed))
+
+    def key(self, key: str, number: int) -> None:
+        if self.adopted:
+            why = names.member_path_problem(key)
+            if why is not None:
+                raise self.fail(f"sample {number} key {key!r:.80} {why}")
+            return
+        try:
+            names.check_key(key)
+        except SampleError as exc:
+            raise self.fail(f"sample {number}: {exc}") from None
 
     def member(self, raw: JsonValue, key: str) -> Member:
         if type(raw) is not list or len(raw) != 3:
@@ -129,10 +153,15 @@ class _Parser:
         ext, offset, size = raw
         if type(ext) is not str:
             raise self.fail(f"sample {key!r} has a member whose extension is not a string")
-        try:
-            names.check_ext(ext, key)
-        except SampleError as exc:
-            raise self.fail(str(exc)) from None
+        if self.adopted:
+            why = names.adopted_ext_problem(ext)
+            if why is not None:
+                raise self.fail(f"sample {key!r} {why}")
+        else:
+            try:
+                names.check_ext(ext, key)
+            except SampleError as exc:
+                raise self.fail(str(exc)) from None
         return Member(
             ext,
             self.integer(offset, f"sample {key!r} member {ext!r} offset"),
@@ -140,13 +169,17 @@ class _Parser:
         )
 
 
-def parse_index(raw: bytes, *, shard: str, size: int, count: int) -> ShardIndex:
+def parse_index(
+    raw: bytes, *, shard: str, size: int, count: int, adopted: bool = False
+) -> ShardIndex:
     """Parse and validate the index of ``shard`` (``size`` bytes, ``count`` samples).
+
+    ``adopted``: the shard is a user's tar (see the module docstring).
 
     Raises:
         ShardDamagedError: anything at all is wrong; the message names the shard.
     """
-    parser = _Parser(shard, size)
+    parser = _Parser(shard, size, adopted)
     try:
         body = loads_strict(raw, max_depth=_MAX_DEPTH)
     except FormatError as exc:
@@ -170,11 +203,11 @@ def parse_index(raw: bytes, *, shard: str, size: int, count: int) -> ShardIndex:
     cursor = 0
     for number, raw_sample in enumerate(samples):
         entry = parser.sample(raw_sample, cursor, number)
-        if entry.key in keys:
+        if entry.key in keys and not adopted:
             raise parser.fail(f"lists sample {entry.key!r} twice")
         keys.add(entry.key)
         parsed.append(entry)
         cursor = entry.offset + entry.length
-    if cursor + tarfmt.archive_end(cursor) != size:
+    if not adopted and cursor + tarfmt.archive_end(cursor) != size:
         raise parser.fail("does not end where the shard's end-of-archive blocks begin")
     return ShardIndex(shard, size, tuple(parsed))

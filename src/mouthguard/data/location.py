@@ -101,8 +101,8 @@ class Location:
         return replace(self, tier=open_tier(self.spec, create=False), pid=os.getpid())
 
 
-def open_tier(spec: Spec, *, create: bool) -> Tier:
-    """The tier a spec names.
+def open_tier(spec: Spec, *, create: bool, write: bool = False) -> Tier:
+    """The tier a spec names; an S3 one read-only unless ``create`` or ``write``.
 
     Raises:
         DatasetNotFoundError: a local directory is missing and ``create`` is false.
@@ -115,20 +115,24 @@ def open_tier(spec: Spec, *, create: bool) -> Tier:
         # A reader opens it read-only: nothing is written to the bucket at open (no
         # probe objects, from every DataLoader worker of every epoch), and read-only
         # credentials are enough to stream a dataset.
-        return S3Tier(where, name="data", domain="s3", read_only=not create)
+        return S3Tier(where, name="data", domain="s3", read_only=not (create or write))
     path = Path(where)
     if not create and not path.is_dir():
         raise DatasetNotFoundError(f"no dataset at {where}: not a directory")
     return LocalTier(path, name="data", domain="local")
 
 
-def locate(target: Target, prefix: str = "", *, create: bool = False) -> Location:
+def locate(
+    target: Target, prefix: str = "", *, create: bool = False, write: bool = False
+) -> Location:
     """The location of ``target`` (+ ``prefix``), opening its tier.
 
     Args:
         target: a directory path, an ``s3://bucket/prefix`` URL, or a tier.
         prefix: a key prefix inside it (``a/b``; default: the target itself).
         create: a writer may create a missing local directory; readers never do.
+        write: the caller writes or deletes there (``create`` implies it); without
+            either, an S3 tier opened from a URL is read-only.
     """
     validate_prefix(prefix)
     prefix = prefix.rstrip("/")
@@ -136,7 +140,7 @@ def locate(target: Target, prefix: str = "", *, create: bool = False) -> Locatio
         return Location(target, prefix)
     text = os.fspath(target)
     spec: Spec = ("s3", text) if text.startswith("s3://") else ("local", str(Path(text).resolve()))
-    return Location(open_tier(spec, create=create), prefix, spec)
+    return Location(open_tier(spec, create=create, write=write), prefix, spec)
 
 
 def _reopen(spec: Spec, prefix: str) -> Location:

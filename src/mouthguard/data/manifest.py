@@ -15,9 +15,20 @@ configured, signed with HMAC-SHA256 exactly as checkpoint manifests are
      "manifest_signature": "hmac-sha256:<key id>:<hex>",     # with a key only
      "manifest_checksum": "xxh3-128:..."}
 
+Adopted datasets (``mouthguard data index``: the user's files stay where they are)
+say so with ``"layout": "indexed"`` -- a packed manifest has no ``layout`` member
+at all, so it is byte for byte what it was before adoption existed. An adopted
+WebDataset manifest is the packed one plus that member, its shards named by
+their paths relative to the dataset. An adopted Parquet dataset (``"kind":
+"parquet"``, always indexed) lists ``files`` instead of ``shards`` (per file its
+footer and row groups: :mod:`~mouthguard.data.records`), ``columns`` instead of
+``extensions``, and totals of files, row groups, rows and bytes.
+
 The **fingerprint** names the dataset's content: sha256 over a canonical text of
 the shard list (each shard's name, sha256 and sample count, and its index's name
-and sha256; see :func:`fingerprint`). It ignores the dataset's name and creation
+and sha256; see :func:`fingerprint`; for Parquet, each file's path, size and
+sha256, its footer's and every row group's range, rows and sha256), under a
+domain string per kind and layout. It ignores the dataset's name and creation
 time, so a copy elsewhere keeps it, and any change to any shard or index changes
 it. A loader's saved position carries it, so a resume against another version of
 the data is refused.
@@ -25,9 +36,11 @@ the data is refused.
 Parsing trusts nothing: a size cap, the seal, the signature when a key is
 configured (required then: an unsigned manifest is refused), exact member sets,
 every type, names that are the format's own (``shard-NNNNNN.tar``, numbered from
-0 in order, each with its own index name), sha256s that are 64 hex digits,
-sample counts a shard of its size can hold (at most ``MAX_SHARD_SAMPLES``),
-totals that add up and a fingerprint that matches the shard list.
+0 in order, each with its own index name) or, adopted, safe relative paths,
+sorted and unique; sha256s that are 64 hex digits, sample counts a shard of its
+size can hold and byte ranges a file of its size can hold
+(:mod:`~mouthguard.data.records`), totals that add up and a fingerprint that
+matches the file list.
 
 Residual risks, as for checkpoints: without a key the checksums catch damage,
 not forgery; a validly signed older version can be put back (no freshness
@@ -39,49 +52,62 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mouthguard.data import names
-from mouthguard.errors import InvalidKeyError, ManifestError
+from mouthguard.data.records import (
+    MAX_UNIT_SAMPLES,
+    ByteRange,
+    Checker,
+    IndexRecord,
+    ParquetRecord,
+    RowGroupRecord,
+    ShardRecord,
+    parquet_json,
+    parquet_lines,
+    shard_json,
+    shard_line,
+)
+from mouthguard.errors import ManifestError
 from mouthguard.format import signing
 from mouthguard.format.sealed import SIGNATURE_KEY, SealError, seal, unseal
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.tiers.key_material import Keyring
-from mouthguard.tiers.object_keys import validate_segment
 
 DATASET_FORMAT = "mouthguard-dataset"
 DATASET_VERSION = 1
+#: What the data files are.
 KIND = "webdataset"
+PARQUET = "parquet"
+#: Who owns them: ``packed`` (ours, written by the writer) or ``indexed`` (the user's).
+PACKED = "packed"
+INDEXED = "indexed"
 #: A million shards' records are about 300 MB; anything larger is refused unread.
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
-#: Samples one shard may claim. A sample takes at least one 512-byte tar header, and
-#: the loader plans a window of shards in memory from these counts before any index
-#: is read: a hostile count must not become an allocation.
-MAX_SHARD_SAMPLES = 10_000_000
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_FINGERPRINT_DOMAIN = b"mouthguard.dataset.fingerprint.v1\n"
+#: Samples one shard may claim (:data:`~mouthguard.data.records.MAX_UNIT_SAMPLES`).
+MAX_SHARD_SAMPLES = MAX_UNIT_SAMPLES
+_DOMAIN = "mouthguard.dataset.fingerprint.v1"
+#: One domain per (kind, layout); the packed one is what it has always been.
+_FINGERPRINT_DOMAINS = {
+    (KIND, PACKED): f"{_DOMAIN}\n".encode(),
+    (KIND, INDEXED): f"{_DOMAIN} webdataset indexed\n".encode(),
+    (PARQUET, INDEXED): f"{_DOMAIN} parquet indexed\n".encode(),
+}
 
-
-@dataclass(frozen=True, slots=True)
-class IndexRecord:
-    """A shard's index object, as the manifest records it."""
-
-    name: str
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True, slots=True)
-class ShardRecord:
-    """One shard, as the manifest records it."""
-
-    name: str
-    size: int
-    sha256: str
-    samples: int
-    index: IndexRecord
+__all__ = [
+    "ByteRange",
+    "DatasetManifest",
+    "IndexRecord",
+    "ParquetRecord",
+    "RowGroupRecord",
+    "ShardRecord",
+    "encode_manifest",
+    "encode_parquet_manifest",
+    "fingerprint",
+    "parquet_fingerprint",
+    "parse_manifest",
+]
 
 
 @dataclass(frozen=True)
@@ -91,13 +117,16 @@ class DatasetManifest:
     Attributes:
         name: the dataset's name (the last segment of where it was written).
         created: when it was committed (UTC).
-        kind: ``webdataset``.
-        shards: the shards, in order.
+        kind: ``webdataset`` or ``parquet``.
+        shards: the tar shards, in order (empty for Parquet).
         extensions: every member extension found in the dataset, sorted.
         fingerprint: ``sha256:<hex>`` naming the content (see the module docstring).
         signature_key: the key id whose signature was verified; None when no key
             was configured (the signature, if any, was then not checked).
         signed: whether the manifest carries a signature at all.
+        layout: ``packed`` (our shards) or ``indexed`` (the user's files, adopted).
+        files: the Parquet files, in order (empty for WebDataset).
+        columns: every top-level column name of the Parquet files, sorted.
     """
 
     name: str
@@ -108,16 +137,34 @@ class DatasetManifest:
     fingerprint: str
     signature_key: str | None = None
     signed: bool = False
+    layout: str = PACKED
+    files: tuple[ParquetRecord, ...] = ()
+    columns: tuple[str, ...] = ()
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Samples per unit of reading, in order: per shard, or per row group of each file.
+
+        A unit is what the loader fetches, verifies, caches and shuffles by.
+        """
+        if self.kind == PARQUET:
+            return tuple(g.rows for f in self.files for g in f.row_groups)
+        return tuple(s.samples for s in self.shards)
 
     @property
     def samples(self) -> int:
-        """Samples in the whole dataset."""
-        return sum(s.samples for s in self.shards)
+        """Samples (rows, for Parquet) in the whole dataset."""
+        return sum(self.counts)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of all shards (indexes not included)."""
-        return sum(s.size for s in self.shards)
+        """Bytes of all data files (indexes not included)."""
+        return sum(s.size for s in self.shards) + sum(f.size for f in self.files)
+
+    @property
+    def adopted(self) -> bool:
+        """Whether the data files are the user's, indexed in place."""
+        return self.layout == INDEXED
 
     def shard(self, name: str) -> ShardRecord:
         """The record of shard ``name`` (KeyError if there is none)."""
@@ -127,16 +174,24 @@ class DatasetManifest:
         raise KeyError(name)
 
 
-def fingerprint(shards: Sequence[ShardRecord]) -> str:
+def fingerprint(shards: Sequence[ShardRecord], *, layout: str = PACKED) -> str:
     """``sha256:<hex>`` over one canonical line per shard: name, sha256, samples, index.
 
-    Every field is ASCII from a fixed alphabet (names are the format's own,
-    digests are hex), so the text, hence the fingerprint, is canonical.
+    Every field is ASCII from a fixed alphabet (names are the format's own or
+    valid tier keys, digests are hex), so the text, hence the fingerprint, is
+    canonical.
     """
-    digest = hashlib.sha256(_FINGERPRINT_DOMAIN)
+    digest = hashlib.sha256(_FINGERPRINT_DOMAINS[KIND, layout])
     for s in shards:
-        line = f"{s.name}\t{s.sha256}\t{s.samples}\t{s.index.name}\t{s.index.sha256}\n"
-        digest.update(line.encode("ascii"))
+        digest.update(shard_line(s).encode("ascii"))
+    return f"sha256:{digest.hexdigest()}"
+
+
+def parquet_fingerprint(files: Sequence[ParquetRecord]) -> str:
+    """``sha256:<hex>`` over each file's canonical lines (path, sha256, footer, row groups)."""
+    digest = hashlib.sha256(_FINGERPRINT_DOMAINS[PARQUET, INDEXED])
+    for f in files:
+        digest.update(parquet_lines(f).encode("ascii"))
     return f"sha256:{digest.hexdigest()}"
 
 
@@ -151,93 +206,70 @@ def encode_manifest(
     *,
     created: dt.datetime,
     keys: Keyring | None,
+    layout: str = PACKED,
 ) -> bytes:
-    """The manifest's bytes: sealed, and signed with the current key of ``keys`` if given."""
+    """A WebDataset manifest's bytes: sealed, and signed with the current key of ``keys``.
+
+    ``layout`` is ``packed`` (no ``layout`` member: the format as it always was)
+    or ``indexed`` (adopted shards, named by their paths).
+    """
+    if layout not in (PACKED, INDEXED):
+        raise ValueError(f"layout must be {PACKED!r} or {INDEXED!r}, not {layout!r}")
     body: dict[str, JsonValue] = {
         "format": DATASET_FORMAT,
         "version": DATASET_VERSION,
         "kind": KIND,
+        **({"layout": INDEXED} if layout == INDEXED else {}),
         "name": name,
         "created": _timestamp(created),
-        "shards": [
-            {
-                "name": s.name,
-                "size": s.size,
-                "sha256": s.sha256,
-                "samples": s.samples,
-                "index": {"name": s.index.name, "size": s.index.size, "sha256": s.index.sha256},
-            }
-            for s in shards
-        ],
+        "shards": [shard_json(s) for s in shards],
         "totals": {
             "shards": len(shards),
             "samples": sum(s.samples for s in shards),
             "bytes": sum(s.size for s in shards),
         },
         "extensions": list[JsonValue](sorted(set(extensions))),
-        "fingerprint": fingerprint(shards),
+        "fingerprint": fingerprint(shards, layout=layout),
     }
     return seal(body, signing.SignFunction(keys) if keys is not None else None)
 
 
-class _Checker:
-    def fail(self, why: str) -> ManifestError:
-        return ManifestError(f"dataset manifest {why}")
-
-    def members(self, obj: JsonValue, expected: set[str], what: str) -> dict[str, JsonValue]:
-        if type(obj) is not dict or set(obj) != expected:
-            raise self.fail(f"{what} must be an object with exactly {sorted(expected)}")
-        return obj
-
-    def count(self, value: JsonValue, what: str, low: int = 0) -> int:
-        if type(value) is not int or value < low:
-            raise self.fail(f"{what} must be an integer >= {low}, got {value!r:.40}")
-        return value
-
-    def sha(self, value: JsonValue, what: str) -> str:
-        if type(value) is not str or not _SHA256.fullmatch(value):
-            raise self.fail(f"{what} must be 64 lowercase hex digits")
-        return value
-
-    def shard(self, raw: JsonValue, number: int) -> ShardRecord:
-        obj = self.members(raw, {"name", "size", "sha256", "samples", "index"}, f"shard {number}")
-        name = obj["name"]
-        if name != names.shard_name(number):
-            raise self.fail(f"shard {number} is named {name!r:.80}, not {names.shard_name(number)}")
-        where = f"shard {name}"
-        index = self.members(obj["index"], {"name", "size", "sha256"}, f"{where} index")
-        if index["name"] != names.index_name(name):
-            raise self.fail(f"{where} has index {index['name']!r:.80}, not its own")
-        size = self.count(obj["size"], f"{where} size", 1)
-        if size % 10240:  # tarfile pads every archive to whole 10240-byte records
-            raise self.fail(f"{where} size {size} is not a whole number of tar records")
-        samples = self.count(obj["samples"], f"{where} samples", 1)
-        if samples > min(MAX_SHARD_SAMPLES, size // 512):
-            raise self.fail(f"{where} claims {samples} samples: more than {size} bytes can hold")
-        return ShardRecord(
-            name,
-            size,
-            self.sha(obj["sha256"], f"{where} sha256"),
-            samples,
-            IndexRecord(
-                names.index_name(name),
-                self.count(index["size"], f"{where} index size", 1),
-                self.sha(index["sha256"], f"{where} index sha256"),
-            ),
-        )
+def encode_parquet_manifest(
+    name: str,
+    files: Sequence[ParquetRecord],
+    columns: Sequence[str],
+    *,
+    created: dt.datetime,
+    keys: Keyring | None,
+) -> bytes:
+    """An adopted Parquet dataset's manifest bytes: sealed, signed with ``keys`` if given."""
+    body: dict[str, JsonValue] = {
+        "format": DATASET_FORMAT,
+        "version": DATASET_VERSION,
+        "kind": PARQUET,
+        "layout": INDEXED,
+        "name": name,
+        "created": _timestamp(created),
+        "files": [parquet_json(f) for f in files],
+        "totals": _parquet_totals(files),
+        "columns": list[JsonValue](sorted(set(columns))),
+        "fingerprint": parquet_fingerprint(files),
+    }
+    return seal(body, signing.SignFunction(keys) if keys is not None else None)
 
 
-_TOP = {
-    "format",
-    "version",
-    "kind",
-    "name",
-    "created",
-    "shards",
-    "totals",
-    "extensions",
-    "fingerprint",
-}
+def _parquet_totals(files: Sequence[ParquetRecord]) -> dict[str, JsonValue]:
+    return {
+        "files": len(files),
+        "row_groups": sum(len(f.row_groups) for f in files),
+        "rows": sum(f.rows for f in files),
+        "bytes": sum(f.size for f in files),
+    }
+
+
+_COMMON = {"format", "version", "kind", "name", "created", "totals", "fingerprint"}
+_TOP = _COMMON | {"shards", "extensions"}
+_TOP_PARQUET = _COMMON | {"layout", "files", "columns"}
 
 
 def parse_manifest(raw: bytes, keys: Keyring | None) -> DatasetManifest:
@@ -251,7 +283,7 @@ def parse_manifest(raw: bytes, keys: Keyring | None) -> DatasetManifest:
         ManifestError: too large, not sealed, corrupt or inconsistent.
         SignatureError: a key is configured and the signature is missing or wrong.
     """
-    check = _Checker()
+    check = Checker()
     if len(raw) > MAX_MANIFEST_BYTES:
         raise check.fail(f"is larger than {MAX_MANIFEST_BYTES} bytes")
     try:
@@ -261,19 +293,45 @@ def parse_manifest(raw: bytes, keys: Keyring | None) -> DatasetManifest:
     signed = SIGNATURE_KEY in body
     kid = signing.verify(raw, body, keys) if keys is not None else None
     body.pop(SIGNATURE_KEY, None)
-    obj = check.members(body, _TOP, "the top level")
+    kind = body.get("kind")
+    if kind == PARQUET:
+        obj = check.members(body, _TOP_PARQUET, "the top level")
+    else:
+        obj = check.members(body, _TOP | ({"layout"} & set(body)), "the top level")
     if obj["format"] != DATASET_FORMAT or obj["version"] != DATASET_VERSION:
         raise check.fail(f"is not a {DATASET_FORMAT} version {DATASET_VERSION}")
-    if obj["kind"] != KIND:
-        raise check.fail(f"kind {obj['kind']!r:.40} is not {KIND!r}")
-    name = obj["name"]
-    if type(name) is not str or not _is_segment(name):
-        raise check.fail(f"name {name!r:.80} is not a valid single path segment")
-    created = _parse_time(obj["created"], check)
+    if kind not in (KIND, PARQUET):
+        raise check.fail(f"kind {kind!r:.40} is neither {KIND!r} nor {PARQUET!r}")
+    layout = obj.get("layout", PACKED)
+    if "layout" in obj and layout != INDEXED:  # packed is said by saying nothing
+        raise check.fail(f"layout {layout!r:.40} is not {INDEXED!r}")
+    common = _Common(check.segment(obj["name"], "name"), check.time(obj["created"]), kid, signed)
+    if kind == PARQUET:
+        return _parse_parquet(obj, check, common)
+    return _parse_webdataset(obj, check, common, str(layout))
+
+
+@dataclass(frozen=True)
+class _Common:
+    """What every manifest has, parsed."""
+
+    name: str
+    created: dt.datetime
+    signature_key: str | None
+    signed: bool
+
+
+def _parse_webdataset(
+    obj: dict[str, JsonValue], check: Checker, common: _Common, layout: str
+) -> DatasetManifest:
     raw_shards = obj["shards"]
     if type(raw_shards) is not list or not raw_shards:
         raise check.fail("lists no shards")
-    shards = tuple(check.shard(item, i) for i, item in enumerate(raw_shards))
+    adopted = layout == INDEXED
+    shards: list[ShardRecord] = []
+    for i, item in enumerate(raw_shards):
+        previous = shards[-1].name if shards else None
+        shards.append(check.shard(item, i, previous, adopted))
     totals = check.members(obj["totals"], {"shards", "samples", "bytes"}, "totals")
     expected = {
         "shards": len(shards),
@@ -282,38 +340,51 @@ def parse_manifest(raw: bytes, keys: Keyring | None) -> DatasetManifest:
     }
     if totals != expected:
         raise check.fail(f"totals {totals} do not add up to {expected}")
-    extensions = obj["extensions"]
-    if type(extensions) is not list or not all(type(e) is str for e in extensions):
-        raise check.fail("extensions must be a list of strings")
+    extensions = check.strings(obj["extensions"], "extensions")
     for ext in extensions:
-        if not isinstance(ext, str) or not names.is_valid_ext(ext):
+        valid = names.adopted_ext_problem(ext) is None if adopted else names.is_valid_ext(ext)
+        if not valid:
             raise check.fail(f"extension {ext!r:.40} is not valid")
-    if obj["fingerprint"] != fingerprint(shards):
+    if obj["fingerprint"] != fingerprint(shards, layout=layout):
         raise check.fail("fingerprint does not match its shard list")
     return DatasetManifest(
-        name=name,
-        created=created,
+        name=common.name,
+        created=common.created,
         kind=KIND,
-        shards=shards,
-        extensions=tuple(str(e) for e in extensions),
-        fingerprint=fingerprint(shards),
-        signature_key=kid,
-        signed=signed,
+        shards=tuple(shards),
+        extensions=extensions,
+        fingerprint=fingerprint(shards, layout=layout),
+        signature_key=common.signature_key,
+        signed=common.signed,
+        layout=layout,
     )
 
 
-def _is_segment(name: str) -> bool:
-    try:
-        validate_segment(name)
-    except InvalidKeyError:
-        return False
-    return True
-
-
-def _parse_time(value: JsonValue, check: _Checker) -> dt.datetime:
-    if type(value) is str and len(value) == 20 and value.endswith("Z"):
-        try:
-            return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-        except ValueError:
-            pass
-    raise check.fail(f"created {value!r:.40} is not a UTC time YYYY-MM-DDTHH:MM:SSZ")
+def _parse_parquet(obj: dict[str, JsonValue], check: Checker, common: _Common) -> DatasetManifest:
+    raw_files = obj["files"]
+    if type(raw_files) is not list or not raw_files:
+        raise check.fail("lists no files")
+    files: list[ParquetRecord] = []
+    for i, item in enumerate(raw_files):
+        files.append(check.parquet(item, i, files[-1].name if files else None))
+    totals = check.members(obj["totals"], {"files", "row_groups", "rows", "bytes"}, "totals")
+    if totals != _parquet_totals(files):
+        raise check.fail(f"totals {totals} do not add up to {_parquet_totals(files)}")
+    if not any(f.rows for f in files):
+        raise check.fail("lists no rows")
+    columns = check.strings(obj["columns"], "columns")
+    if obj["fingerprint"] != parquet_fingerprint(files):
+        raise check.fail("fingerprint does not match its file list")
+    return DatasetManifest(
+        name=common.name,
+        created=common.created,
+        kind=PARQUET,
+        shards=(),
+        extensions=(),
+        fingerprint=parquet_fingerprint(files),
+        signature_key=common.signature_key,
+        signed=common.signed,
+        layout=INDEXED,
+        files=tuple(files),
+        columns=columns,
+    )

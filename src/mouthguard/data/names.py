@@ -6,6 +6,16 @@ Layout under the dataset's prefix (every name passes :mod:`mouthguard.tiers.obje
     <prefix>/shards/shard-000000.index.json   # where each sample and member lies in it
     <prefix>/dataset.json                     # the manifest: written last, create-only
 
+An **adopted** dataset (``mouthguard data index``) keeps the user's files where they
+are and puts everything of ours under one sub-prefix beside them::
+
+    <src>/any/path/part-0.tar                             # the user's files, untouched
+    <src>/mouthguard-index/shards/any/path/part-0.index.json
+    <src>/mouthguard-index/dataset.json                   # written last, create-only
+
+The manifest names the user's files by their path relative to ``<src>``
+(:func:`check_data_path`: a valid tier key, never under ``mouthguard-index/``).
+
 Sample keys and extensions follow WebDataset's own rule for splitting a member
 name: the key is the path up to the first dot of the basename, the extension is
 the rest (``train/x.seg.png`` -> key ``train/x``, extension ``seg.png``), and
@@ -18,10 +28,14 @@ from __future__ import annotations
 
 import re
 
-from mouthguard.errors import SampleError
+from mouthguard.errors import InvalidKeyError, SampleError
+from mouthguard.tiers.object_keys import validate_key
 
 MANIFEST_NAME = "dataset.json"
 SHARDS_DIR = "shards"
+#: Where an adopted dataset's manifest and indexes live, beside the user's files. No
+#: leading dot: tiers hide dot-names (their own temporary files) from listings.
+INDEX_DIR = "mouthguard-index"
 #: ``shard-000000.tar``: six digits sort correctly up to a million shards (256 TiB at 256 MiB).
 _SHARD = re.compile(r"shard-([0-9]{6,9})\.tar")
 _INDEX_SUFFIX = ".index.json"
@@ -40,6 +54,31 @@ def shard_name(number: int) -> str:
 def index_name(shard: str) -> str:
     """The index object's name of ``shard`` (``shard-000042.index.json``)."""
     return shard.removesuffix(".tar") + _INDEX_SUFFIX
+
+
+def adopted_index_name(path: str) -> str:
+    """The index name of an adopted tar ``path`` (``a/x.tar`` -> ``a/x.index.json``)."""
+    return path.removesuffix(".tar") + _INDEX_SUFFIX
+
+
+def check_data_path(path: object, suffix: str) -> str:
+    """Return ``path`` if it may name a user's data file of an adopted dataset.
+
+    Rules: a valid tier key (relative, ``/``-separated segments of a conservative
+    alphabet, no ``..``, no dot-prefixed segment), ending with ``suffix``, and not
+    under :data:`INDEX_DIR` (which is ours).
+
+    Raises:
+        InvalidKeyError: the path breaks a rule; the message says which.
+    """
+    if not isinstance(path, str):
+        raise InvalidKeyError(f"data file path {path!r:.80} is not a string")
+    validate_key(path)
+    if not path.endswith(suffix) or len(path) == len(suffix):
+        raise InvalidKeyError(f"data file path {path!r:.80} does not end with {suffix!r}")
+    if path.split("/", 1)[0] == INDEX_DIR:
+        raise InvalidKeyError(f"data file path {path!r:.80} is under {INDEX_DIR}/, which is ours")
+    return path
 
 
 def is_shard_name(name: str) -> bool:
@@ -106,3 +145,74 @@ def _key_problem(key: str) -> str | None:
 def member_name(key: str, ext: str) -> str:
     """The tar member name of extension ``ext`` of sample ``key``: ``key.ext``."""
     return f"{key}.{ext}"
+
+
+# --- adopted tars: what WebDataset makes of any member name ------------------------
+
+#: WebDataset's own split (``webdataset.tariterators.base_plus_ext``): the key is the
+#: path up to the first dot of the basename, the extension the rest.
+_WDS_SPLIT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+#: Names WebDataset skips as metadata (``tar_file_iterator``'s ``skip_meta``).
+_WDS_META = re.compile(r"__[^/]*__($|/)")
+#: Adopted keys may be longer than ours (GNU and PAX tars hold long names), not unbounded.
+MAX_ADOPTED_KEY_BYTES = 4096
+MAX_ADOPTED_EXT_BYTES = 255
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: Keys a WebDataset sample dict holds besides its members.
+_RESERVED_EXTS = frozenset({"__key__", "__url__", "__local_path__"})
+
+
+def webdataset_split(name: str) -> tuple[str, str] | None:
+    """``(key, extension)`` as WebDataset groups tar member ``name``; None if it skips it.
+
+    WebDataset skips metadata names (``__*__``) and names without a dot in their
+    basename, and lowercases extensions; this does the same, so an adopted index
+    describes exactly the samples ``webdataset.WebDataset`` would yield.
+    """
+    if "/" not in name and name.startswith("__") and name.endswith("__"):
+        return None
+    if _WDS_META.match(name):
+        return None
+    match = _WDS_SPLIT.match(name)
+    if match is None:
+        return None
+    return match.group(1), match.group(2).lower()
+
+
+def member_path_problem(name: str) -> str | None:
+    """Why a tar member name is refused in an adopted tar (None: it is not).
+
+    Refused whatever the member's type: absolute paths, ``..``, empty segments,
+    control characters, backslashes, and names that are not valid UTF-8 (tarfile
+    hands those over with surrogates). ``./`` segments, which ``tar -C dir .``
+    writes, are harmless and allowed.
+    """
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    segments = name.split("/")
+    problems = (
+        (size > MAX_ADOPTED_KEY_BYTES, f"is longer than {MAX_ADOPTED_KEY_BYTES} bytes"),
+        (_CONTROL.search(name) is not None, "contains a control character"),
+        ("\\" in name, "contains a backslash"),
+        (name.startswith("/"), "is an absolute path"),
+        (".." in segments, "has a '..' path segment (path traversal)"),
+        ("" in segments, "has an empty path segment"),
+    )
+    return next((why for bad, why in problems if bad), None)
+
+
+def adopted_ext_problem(ext: str) -> str | None:
+    """Why ``ext`` cannot be a member of an adopted sample (None: it can)."""
+    if not ext:
+        return "has an empty extension"
+    if ext != ext.lower():
+        return "has an extension WebDataset would lowercase"
+    if len(ext.encode("utf-8", "surrogatepass")) > MAX_ADOPTED_EXT_BYTES:
+        return f"has an extension longer than {MAX_ADOPTED_EXT_BYTES} bytes"
+    if "/" in ext or _CONTROL.search(ext) is not None:
+        return "has an extension with a '/' or a control character"
+    if ext in _RESERVED_EXTS:  # WebDataset fails on these; in our dict they would clash
+        return f"has the extension {ext!r}, which names sample metadata"
+    return None

@@ -29,9 +29,12 @@ def read_ranges(
     shard: str,
     range_size: int = DEFAULT_RANGE_SIZE,
     parallel: int = DEFAULT_PARALLEL,
+    offset: int = 0,
 ) -> Iterator[tuple[int, bytes]]:
     """Yield ``(offset, bytes)`` covering ``[0, size)`` of ``key``, in order.
 
+    With ``offset``, the bytes are ``[offset, offset + size)`` of the object (a
+    Parquet row group), and the offsets yielded are relative to ``offset``.
     ``range_size`` is rounded up to a multiple of 512 so that no tar header is
     split between two ranges. Closing the iterator early cancels what is queued.
 
@@ -50,14 +53,15 @@ def read_ranges(
                     if start is None:
                         break
                     end = min(size, start + step)
-                    pending.append((start, pool.submit(tier.get, key, start, end)))
+                    future = pool.submit(tier.get, key, offset + start, offset + end)
+                    pending.append((start, future))
                 if not pending:
                     return
                 start, future = pending.popleft()
                 data = future.result()
                 if len(data) != min(size, start + step) - start:
                     raise ShardDamagedError(
-                        f"shard {shard}: short read at byte {start}", shard=shard
+                        f"{shard}: short read at byte {offset + start}", shard=shard
                     )
                 yield start, data
         finally:

@@ -2,13 +2,17 @@
 
 Each iteration yields this process's share of one epoch (see
 :mod:`~mouthguard.data.order` for the order and the partitioning across ranks
-and DataLoader workers) as dicts ``{"__key__": key, ext: bytes, ...}``, or what
-``decode`` makes of them. Shards come verified from the cache or in place
+and DataLoader workers) as dicts ``{"__key__": key, ext: bytes, ...}`` -- for
+Parquet, one dict per row, ``{column: value, ...}`` -- or what ``decode`` makes
+of them. Shards come verified from the cache or in place
 (:mod:`~mouthguard.data.fetch`): no sample of a shard is yielded before the
 whole shard matched the manifest's sha256, and every member's tar header is
-checked against the index as the sample is read. A mismatch raises
-:class:`~mouthguard.errors.ShardDamagedError` naming the shard; a sample is
-never skipped.
+checked against the index as the sample is read (:mod:`~mouthguard.data.tarread`).
+A Parquet dataset is read by row group, the unit of order, caching and resume
+in place of a shard: no row is yielded before its row group's bytes and its
+file's footer matched their own sha256s (:mod:`~mouthguard.data.pqread`). A
+mismatch raises :class:`~mouthguard.errors.ShardDamagedError` naming the file
+(and the row group); a sample is never skipped.
 
 Position. Iterated in-process (no DataLoader workers), the dataset counts the
 samples it yields; when an epoch ends it moves to the next one. With workers,
@@ -22,7 +26,7 @@ built; each DataLoader worker opens its own tier for a path or URL source, and
 uses the one given otherwise (a tier passed in must work in the workers, as a
 local tier does). Without ``cache_dir``, a local dataset is read in place and
 any other is cached in a temporary directory; a dataset read in place keeps
-the record of the shards that hashed right in a temporary directory shared by
+the record of the parts that hashed right in a temporary directory shared by
 its workers (:mod:`~mouthguard.data.verified`), so each shard is hashed once,
 not once per worker and epoch. The building process removes either directory
 when the dataset is garbage-collected or at exit.
@@ -35,19 +39,20 @@ import shutil
 import tempfile
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from mouthguard.data import names, tarfmt
+from mouthguard.data.arrow import pyarrow_modules
 from mouthguard.data.burst import BurstSignal
-from mouthguard.data.cache import ShardCache, ShardFile, Verify
+from mouthguard.data.cache import ShardCache, Verify
 from mouthguard.data.dataset import Dataset, open_at, resolve_keys
-from mouthguard.data.fetch import Prefetcher, ReadSettings, ShardSource
+from mouthguard.data.fetch import ReadSettings, ShardSource
 from mouthguard.data.location import Target, locate
+from mouthguard.data.manifest import PARQUET
 from mouthguard.data.order import (
     BlockPlan,
     EpochOrder,
@@ -57,12 +62,28 @@ from mouthguard.data.order import (
     worker_plan,
 )
 from mouthguard.data.position import Position, parse_position, restore
+from mouthguard.data.prefetch import Closeable, Opener, Prefetcher
+from mouthguard.data.tarread import TarUnits
 from mouthguard.data.verified import VerifiedFiles
-from mouthguard.errors import ShardDamagedError
 from mouthguard.format.signing import KeySpec
 from mouthguard.tiers.local import LocalTier
 
 Sample = dict[str, Any]
+#: Items of a plan read at once: a Parquet reader converts rows to Python in batches.
+_READ_BATCH = 1024
+
+
+class Units(Opener[Closeable], Protocol):
+    """The loader's units of one kind, opened and read.
+
+    Tar shards (:mod:`~mouthguard.data.tarread`) or Parquet row groups
+    (:mod:`~mouthguard.data.pqread`).
+    """
+
+    def read(
+        self, opened: Mapping[int, Any], units: Sequence[int], items: Sequence[int]
+    ) -> Iterator[Sample]:
+        """Item ``items[i]`` of unit ``units[i]`` for each ``i``, in order; all are open."""
 
 
 def _remove_tree(path: str, owner: int) -> None:
@@ -134,6 +155,8 @@ class StreamingDataset(IterableDataset[Any]):
             raise ValueError("batch_size and shuffle_window must be >= 1; prefetch, seed >= 0")
         keys = resolve_keys(signing_key)
         self.dataset: Dataset = open_at(locate(source, prefix), keys)
+        if self.dataset.manifest.kind == PARQUET:
+            pyarrow_modules()  # without pyarrow: one line saying what to install, now
         found_rank, found_world = _distributed()
         self.rank = found_rank if rank is None else rank
         self.world_size = found_world if world_size is None else world_size
@@ -221,9 +244,9 @@ class StreamingDataset(IterableDataset[Any]):
     # --- iteration -------------------------------------------------------------------
 
     def order(self, epoch: int) -> EpochOrder:
-        """The global order of ``epoch``."""
+        """The global order of ``epoch`` (over shards, or Parquet row groups)."""
         p = self._position
-        counts = tuple(s.samples for s in self.dataset.shards)
+        counts = self.dataset.manifest.counts
         return EpochOrder(counts, p.seed, epoch, p.shuffle, p.shuffle_window)
 
     def __iter__(self) -> Iterator[Any]:
@@ -243,7 +266,7 @@ class StreamingDataset(IterableDataset[Any]):
         if in_process and produced >= rank_length(order, part):
             self._position = replace(self._position, epoch=start.epoch + 1, consumed=0)
 
-    def _source(self) -> ShardSource:
+    def _units(self) -> Units:
         location = self.dataset.location.reopened()
         dataset = Dataset(location, self.dataset.manifest)
         place: ShardCache | VerifiedFiles
@@ -252,14 +275,19 @@ class StreamingDataset(IterableDataset[Any]):
         else:
             assert self.verified_dir is not None  # made with the dataset: read in place
             place = VerifiedFiles(self.verified_dir, self.verify_cache)
-        return ShardSource(dataset, place, self.settings)
+        source = ShardSource(dataset, place, self.settings)
+        if dataset.manifest.kind == PARQUET:
+            from mouthguard.data.pqread import RowGroupUnits  # noqa: PLC0415 - pyarrow when used
+
+            return RowGroupUnits(source)
+        return TarUnits(source)
 
     def _samples(self, plans: Iterator[BlockPlan]) -> Iterator[Any]:
-        source = self._source()
-        prefetcher = Prefetcher(source, depth=self.prefetch, burst=self.burst)
+        units = self._units()
+        prefetcher = Prefetcher(units, depth=self.prefetch, burst=self.burst)
         ahead: deque[BlockPlan] = deque()
 
-        def fill() -> None:  # keep enough blocks planned to announce `prefetch` shards ahead
+        def fill() -> None:  # keep enough blocks planned to announce `prefetch` units ahead
             while sum(len(p.shards) for p in ahead) <= self.prefetch:
                 plan = next(plans, None)
                 if plan is None:
@@ -267,39 +295,24 @@ class StreamingDataset(IterableDataset[Any]):
                 ahead.append(plan)
                 prefetcher.announce(plan.shards)
 
-        open_files: dict[int, ShardFile] = {}
+        opened: dict[int, Closeable] = {}
         try:
             fill()
             while ahead:
                 plan = ahead.popleft()
                 fill()
-                for shard in plan.shards:
-                    open_files[shard] = prefetcher.take(shard)
-                for shard, number in zip(
-                    plan.shard_of.tolist(), plan.sample_of.tolist(), strict=True
-                ):
-                    sample = _read_sample(source, open_files[shard], shard, number)
-                    yield sample if self.decode is None else self.decode(sample)
-                for file in open_files.values():
-                    file.close()
-                open_files.clear()
+                for unit in plan.shards:
+                    opened[unit] = prefetcher.take(unit)
+                for at in range(0, len(plan.shard_of), _READ_BATCH):
+                    batch = slice(at, at + _READ_BATCH)
+                    for sample in units.read(
+                        opened, plan.shard_of[batch].tolist(), plan.sample_of[batch].tolist()
+                    ):
+                        yield sample if self.decode is None else self.decode(sample)
+                for handle in opened.values():
+                    handle.close()
+                opened.clear()
         finally:
-            for file in open_files.values():
-                file.close()
+            for handle in opened.values():
+                handle.close()
             prefetcher.close()
-
-
-def _read_sample(source: ShardSource, file: ShardFile, shard: int, number: int) -> Sample:
-    entry = source.index(shard).samples[number]
-    span = memoryview(file.read(entry.offset, entry.length))
-    sample: Sample = {"__key__": entry.key}
-    for member in entry.members:
-        at = member.offset - entry.offset
-        header = span[at - tarfmt.BLOCK : at]
-        problem = tarfmt.header_problem(
-            header, names.member_name(entry.key, member.ext), member.size
-        )
-        if problem is not None:
-            raise ShardDamagedError(f"shard {file.name}: {problem}", shard=file.name)
-        sample[member.ext] = bytes(span[at : at + member.size])
-    return sample

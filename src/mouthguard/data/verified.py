@@ -11,8 +11,9 @@ process of one :class:`~mouthguard.data.stream.StreamingDataset` names::
     <dir>/<name>.ok      the file's stat key when its bytes last hashed right
     <dir>/<name>.lock    held while one process hashes it; the others wait, then trust
 
-where ``<name>`` is derived from the file's path and the expected sha256, so two
-datasets (or two versions) never share a record.
+where ``<name>`` is derived from the file's path, the part's offset and its
+expected sha256 (a part is a whole shard, or a verified byte range of a file such
+as a Parquet row group), so two datasets or versions never share a record.
 
 The trust is the cache's (:mod:`~mouthguard.data.cache`): with ``verify="stat"``
 a file whose ``(device, inode, size, mtime_ns, ctime_ns)`` is what it was when
@@ -31,7 +32,8 @@ import os
 import uuid
 from pathlib import Path
 
-from mouthguard.data.cache import Verify, flocked, hash_fd, read_stamp, stat_key
+from mouthguard.data.cache import Verify, flocked, hash_range, read_stamp, stat_key
+from mouthguard.data.part import Part
 from mouthguard.errors import ShardDamagedError
 
 
@@ -51,20 +53,22 @@ class VerifiedFiles:
         self.verify = verify
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def check(self, fd: int, path: str, sha256: str, size: int, name: str) -> None:
-        """Return once the open file ``fd`` (at ``path``) is known to hash to ``sha256``.
+    def check(self, fd: int, path: str, part: Part) -> None:
+        """Return once bytes ``part`` of the open file ``fd`` (at ``path``) match the manifest.
 
-        Hashes it unless the record says it already did, unchanged since; with
-        several processes asking at once, one hashes and the others wait for it.
+        The file must have the manifest's size and the part's bytes its sha256.
+        Hashes them unless the record says it already did, the file unchanged
+        since; with several processes asking at once, one hashes and the others
+        wait for it, then trust its record.
 
         Raises:
-            ShardDamagedError: its bytes do not match (names shard ``name``); the
-                record of the file is removed.
+            ShardDamagedError: they do not match (names the data file); the record
+                of the part is removed.
         """
         if self.verify == "always":
-            self._hash(fd, sha256, size, name)
+            _hash(fd, part)
             return
-        tag = hashlib.sha256(f"{path}\0{sha256}".encode()).hexdigest()[:32]
+        tag = hashlib.sha256(f"{path}\0{part.offset}\0{part.sha256}".encode()).hexdigest()[:32]
         record = self.root / f"{tag}.ok"
         key = stat_key(fd)
         if read_stamp(record) == key:
@@ -73,7 +77,7 @@ class VerifiedFiles:
             if read_stamp(record) == key:  # hashed by another process while we waited
                 return
             try:
-                self._hash(fd, sha256, size, name)
+                _hash(fd, part)
             except ShardDamagedError:
                 record.unlink(missing_ok=True)
                 raise
@@ -81,7 +85,12 @@ class VerifiedFiles:
             tmp.write_text(json.dumps(key))
             tmp.replace(record)
 
-    @staticmethod
-    def _hash(fd: int, sha256: str, size: int, name: str) -> None:
-        if hash_fd(fd, size) != sha256:
-            raise ShardDamagedError(f"shard {name}: sha256 does not match the manifest", shard=name)
+
+def _hash(fd: int, part: Part) -> None:
+    if (
+        os.fstat(fd).st_size != part.file_size
+        or hash_range(fd, part.offset, part.size) != part.sha256
+    ):
+        raise ShardDamagedError(
+            f"{part.name}: {part.what} sha256 does not match the manifest", shard=part.name
+        )

@@ -1,4 +1,4 @@
-"""``verify_dataset``: re-read every shard and index and check them against the manifest.
+"""``verify_dataset``: re-read every data file and index and check them against the manifest.
 
 Per shard, in this order: the index (size, sha256, then parsed as hostile
 input against the shard's size and sample count), the shard's size (a
@@ -6,7 +6,22 @@ truncated shard is damage, not a failed read), then every byte of the shard
 through concurrent ranged reads, hashed in order, with every member's tar
 header checked against the index as its bytes go by. So a shard passes only if
 its bytes are the manifest's *and* a tar reader finds in it exactly the
-samples the index lists.
+samples the index lists. An adopted shard's headers are the user's writer's
+(long names, PAX), so instead its index is derived again from the bytes as
+they go by (:mod:`~mouthguard.data.tarscan`, the same one pass that hashes
+them) and must equal the stored one.
+
+Per Parquet file: its size, then every byte in one pass, hashing the file, its
+footer and each row group; every range whose sha256 differs is named (``row
+group 3 (bytes A to B)``), so the reason says which row groups the loader
+would refuse. Then the footer is parsed (pyarrow) and must describe exactly the
+row groups the manifest lists.
+
+An adopted dataset's directory is also listed: a data file of its kind that the
+manifest does not list (added since indexing) is reported in
+:attr:`VerifyReport.unlisted` and makes the report not ok -- the loader reads
+only what the manifest lists, so the file would silently not be trained on.
+A listed file that is gone is a ``mismatch`` like any missing shard.
 
 Each shard gets one verdict:
 
@@ -27,12 +42,21 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mouthguard.data import names, tarfmt
+from mouthguard.data.adopt import data_paths
 from mouthguard.data.dataset import Dataset, open_dataset
 from mouthguard.data.index import ShardIndex
 from mouthguard.data.location import Target
-from mouthguard.data.manifest import ShardRecord
+from mouthguard.data.manifest import ParquetRecord, ShardRecord
 from mouthguard.data.ranged import DEFAULT_PARALLEL, DEFAULT_RANGE_SIZE, read_ranges
-from mouthguard.errors import ObjectNotFoundError, ShardDamagedError, TierError, is_data_damage
+from mouthguard.data.rangehash import RangeHasher
+from mouthguard.data.tarscan import scan_tar
+from mouthguard.errors import (
+    AdoptionError,
+    ObjectNotFoundError,
+    ShardDamagedError,
+    TierError,
+    is_data_damage,
+)
 from mouthguard.format.signing import KeySpec
 
 Status = Literal["ok", "mismatch", "unreachable"]
@@ -51,15 +75,20 @@ class ShardCheck:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """Every shard's verdict, in manifest order."""
+    """Every data file's verdict (shards, or Parquet files), in manifest order.
+
+    Attributes:
+        unlisted: an adopted dataset's data files that its manifest does not list.
+    """
 
     dataset: Dataset
     shards: tuple[ShardCheck, ...]
+    unlisted: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Whether every shard was read and matched."""
-        return all(s.status == "ok" for s in self.shards)
+        """Whether every file was read and matched, and no data file is unlisted."""
+        return all(s.status == "ok" for s in self.shards) and not self.unlisted
 
     @property
     def mismatched(self) -> list[ShardCheck]:
@@ -126,17 +155,131 @@ def check_shard_bytes(
         )
 
 
+def _check_size(dataset: Dataset, key: str, name: str, expected: int) -> None:
+    size = dataset.location.tier.head(key).size
+    if size != expected:
+        raise ShardDamagedError(
+            f"{name} is {size} bytes, the manifest says {expected}"
+            + (" (truncated)" if size < expected else ""),
+            shard=name,
+        )
+
+
+def check_adopted_bytes(
+    dataset: Dataset, shard: ShardRecord, index: ShardIndex, **read: int
+) -> None:
+    """Read all of an adopted shard; its sha256, and its index derived again, must match.
+
+    Raises:
+        ShardDamagedError: a mismatch (the message names the shard and what differs).
+        TierError: the shard could not be read (ObjectNotFoundError: it is missing).
+    """
+    key = dataset.shard_key(shard)
+    _check_size(dataset, key, shard.name, shard.size)
+    chunks = read_ranges(dataset.location.tier, key, shard.size, shard=shard.name, **read)
+    try:
+        scan = scan_tar((data for _, data in chunks), shard.size, shard.name)
+    except AdoptionError as exc:
+        raise ShardDamagedError(str(exc), shard=shard.name) from None
+    if scan.sha256 != shard.sha256:
+        raise ShardDamagedError(
+            f"{shard.name}: sha256 does not match the manifest", shard=shard.name
+        )
+    if scan.samples != index.samples:
+        raise ShardDamagedError(
+            f"{shard.name}: its index does not list the samples a tar reader finds",
+            shard=shard.name,
+        )
+
+
 def verify_shard(dataset: Dataset, shard: ShardRecord, **read: int) -> ShardCheck:
     """The verdict on one shard (never raises for damage or an unreachable tier)."""
     try:
         index = dataset.read_index(shard)
-        check_shard_bytes(dataset, shard, index, **read)
+        if dataset.manifest.adopted:
+            check_adopted_bytes(dataset, shard, index, **read)
+        else:
+            check_shard_bytes(dataset, shard, index, **read)
     except ObjectNotFoundError:
         return ShardCheck(shard.name, "mismatch", f"shard {shard.name} is missing")
     except (ShardDamagedError, TierError) as exc:
         status: Status = "mismatch" if is_data_damage(exc) else "unreachable"
         return ShardCheck(shard.name, status, str(exc))
     return ShardCheck(shard.name, "ok", samples=shard.samples, size=shard.size)
+
+
+def check_parquet_bytes(dataset: Dataset, record: ParquetRecord, **read: int) -> None:
+    """Read all of a Parquet file: its sha256, its footer's and every row group's must match.
+
+    Raises:
+        ShardDamagedError: a mismatch, naming the file and every row group that differs.
+        TierError: the file could not be read (ObjectNotFoundError: it is missing).
+        MissingDependencyError: pyarrow is not installed (to parse the footer).
+    """
+    from mouthguard.data.pqfooter import FooterError, parse_footer, row_group_ranges  # noqa: PLC0415
+
+    key = dataset.file_key(record)
+    _check_size(dataset, key, record.name, record.size)
+    footer = record.footer
+    hasher = RangeHasher(
+        [(g.offset, g.size) for g in record.row_groups] + [(footer.offset, footer.size)]
+    )
+    for start, data in read_ranges(
+        dataset.location.tier, key, record.size, shard=record.name, **read
+    ):
+        hasher.feed(start, data)
+    *digests, footer_sha = hasher.digests()
+    bad = [
+        f"row group {i} (bytes {g.offset} to {g.end})"
+        for i, (g, sha) in enumerate(zip(record.row_groups, digests, strict=True))
+        if sha != g.sha256
+    ]
+    if footer_sha != footer.sha256:
+        bad.append(f"footer (bytes {footer.offset} to {footer.end})")
+    if bad:
+        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        raise ShardDamagedError(
+            f"{record.name}: {shown}: sha256 does not match the manifest", shard=record.name
+        )
+    if hasher.whole.hexdigest() != record.sha256:
+        raise ShardDamagedError(
+            f"{record.name}: sha256 does not match the manifest (outside its row groups and "
+            "footer)",
+            shard=record.name,
+        )
+    raw = dataset.location.tier.get(key, footer.offset, footer.end)
+    try:
+        ranges = row_group_ranges(parse_footer(raw), footer.offset)
+    except FooterError as exc:
+        raise ShardDamagedError(f"{record.name}: {exc}", shard=record.name) from None
+    if [(r.offset, r.size, r.rows) for r in ranges] != [
+        (g.offset, g.size, g.rows) for g in record.row_groups
+    ]:
+        raise ShardDamagedError(
+            f"{record.name}: its footer does not describe the row groups the manifest lists",
+            shard=record.name,
+        )
+
+
+def verify_file(dataset: Dataset, record: ParquetRecord, **read: int) -> ShardCheck:
+    """The verdict on one Parquet file (never raises for damage or an unreachable tier)."""
+    try:
+        check_parquet_bytes(dataset, record, **read)
+    except ObjectNotFoundError:
+        return ShardCheck(record.name, "mismatch", f"{record.name} is missing")
+    except (ShardDamagedError, TierError) as exc:
+        status: Status = "mismatch" if is_data_damage(exc) else "unreachable"
+        return ShardCheck(record.name, status, str(exc))
+    return ShardCheck(record.name, "ok", samples=record.rows, size=record.size)
+
+
+def unlisted_files(dataset: Dataset) -> tuple[str, ...]:
+    """An adopted dataset's data files of its kind that the manifest does not list."""
+    if not dataset.manifest.adopted:
+        return ()
+    kind = dataset.manifest.kind
+    listed = {s.name for s in dataset.shards} | {f.name for f in dataset.files}
+    return tuple(p for p in data_paths(dataset.location, kind) if p not in listed)
 
 
 def verify_dataset(
@@ -147,7 +290,7 @@ def verify_dataset(
     workers: int = 2,
     on_shard: Callable[[ShardCheck], None] | None = None,
 ) -> VerifyReport:
-    """Re-read every shard and index of a dataset against its manifest.
+    """Re-read every data file and index of a dataset against its manifest.
 
     Args:
         source: an opened :class:`Dataset`, or where one is (see :func:`open_dataset`).
@@ -155,7 +298,8 @@ def verify_dataset(
         signing_key: manifest keys; default ``$MOUTHGUARD_MANIFEST_KEY`` (with a key,
             an unsigned or wrongly signed manifest raises before any shard is read).
         workers: shards verified at once (each with its own concurrent ranged reads).
-        on_shard: called with each verdict as it is reached (progress), in any order.
+        on_shard: called with each verdict (a shard's, or a Parquet file's) as it is
+            reached (progress), in any order.
 
     Returns:
         The verdicts in manifest order.
@@ -170,12 +314,16 @@ def verify_dataset(
         else open_dataset(source, prefix=prefix, signing_key=signing_key)
     )
 
-    def one(shard: ShardRecord) -> ShardCheck:
-        check = verify_shard(dataset, shard)
+    def one(item: ShardRecord | ParquetRecord) -> ShardCheck:
+        if isinstance(item, ParquetRecord):
+            check = verify_file(dataset, item)
+        else:
+            check = verify_shard(dataset, item)
         if on_shard is not None:
             on_shard(check)
         return check
 
+    items: tuple[ShardRecord | ParquetRecord, ...] = (*dataset.shards, *dataset.files)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify") as pool:
-        checks = tuple(pool.map(one, dataset.shards))
-    return VerifyReport(dataset, checks)
+        checks = tuple(pool.map(one, items))
+    return VerifyReport(dataset, checks, unlisted_files(dataset))

@@ -351,7 +351,7 @@ def discard_incomplete(dest: Target, name: str, *, prefix: str = "") -> int:
         DatasetExistsError: ``dest/name`` holds a committed dataset.
     """
     validate_segment(name)
-    location = locate(dest, prefix).child(name)
+    location = locate(dest, prefix, write=True).child(name)
     if location.tier.exists(location.key(names.MANIFEST_NAME)):
         raise DatasetExistsError(f"{location.describe()} is a committed dataset: not debris")
     return location.tier.delete_prefix(location.prefix + "/")

@@ -1,0 +1,217 @@
+"""Replay a Mooncake-format trace against KVStore and the naive one-file-per-block store.
+
+    python -m benchmarks.kvcache                    # 2000 requests, 256 KiB blocks
+    python -m benchmarks.kvcache --quick --out /tmp/kv.md
+    python -m benchmarks.kvcache --trace real.jsonl # a real Mooncake trace file
+    python -m benchmarks.kvcache --lmcache-python /opt/lmcache-venv/bin/python  # + LMCache
+
+Prints a markdown report (and writes it with --out). What each figure counts is in
+docs/kvcache.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.kvcache import trace as traces
+from benchmarks.kvcache.naive import NaiveStore
+from mouthguard.kvcache import KVStore
+
+MiB = 1 << 20
+
+
+def percentile_ms(values: list[float], q: float) -> str:
+    return f"{np.percentile(values, q) * 1e3:.3f}" if values else "-"
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def replay_kvstore(trace: list[traces.Request], root: Path, args: argparse.Namespace) -> dict:
+    block = np.random.default_rng(0).integers(0, 256, args.block_kib * 1024, dtype=np.uint8)
+    hits = total = 0
+    started = time.perf_counter()
+    with KVStore(
+        disk_dir=root / "kvstore",
+        memory_bytes=args.memory_mib * MiB,
+        disk_bytes=args.disk_mib * MiB,
+        block_tokens=1,  # one "token" per Mooncake block id: the ids are the chain
+        namespace="bench",
+        policy=args.policy,
+    ) as kv:
+        for r in trace:
+            got = kv.get(r.hash_ids)
+            hits += len(got)
+            total += len(r.hash_ids)
+            rest = len(r.hash_ids) - len(got)
+            kv.put(r.hash_ids, [None] * len(got) + [block] * rest)
+        kv.flush()
+        elapsed = time.perf_counter() - started
+        stats = kv.stats()
+    return {"hit_rate": hits / total, "stats": stats, "seconds": elapsed}
+
+
+def replay_naive(trace: list[traces.Request], root: Path, args: argparse.Namespace) -> dict:
+    block = np.random.default_rng(0).integers(0, 256, args.block_kib * 1024, dtype=np.uint8)
+    store = NaiveStore(root / "naive", (args.memory_mib + args.disk_mib) * MiB)
+    hits = total = 0
+    started = time.perf_counter()
+    for r in trace:
+        n = store.longest_prefix(r.hash_ids)
+        store.get(r.hash_ids, n)
+        hits += n
+        total += len(r.hash_ids)
+        store.put(r.hash_ids, n, block)
+    elapsed = time.perf_counter() - started
+    files = len(list((root / "naive").iterdir()))
+    return {
+        "hit_rate": hits / total,
+        "seconds": elapsed,
+        "p50": percentile_ms(store.latencies, 50),
+        "p99": percentile_ms(store.latencies, 99),
+        "gbps": store.read_bytes / sum(store.latencies) / 1e9 if store.latencies else None,
+        "files": files,
+    }
+
+
+def replay_lmcache(python: str, trace_path: Path, root: Path, args: argparse.Namespace) -> dict:
+    """LMCache's local-disk backend in its own interpreter (``lmcache_peer.py``)."""
+    peer = Path(__file__).with_name("lmcache_peer.py")
+    directory = root / "lmcache"
+    directory.mkdir()
+    command = [
+        python,
+        str(peer),
+        "--trace",
+        str(trace_path),
+        "--dir",
+        str(directory),
+        "--block-kib",
+        str(args.block_kib),
+        "--disk-mib",
+        str(args.memory_mib + args.disk_mib),
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {done.returncode}: {tail}"}
+    result: dict = json.loads(lines[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kvcache")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--block-kib", type=int, default=256)
+    parser.add_argument("--memory-mib", type=int, default=64)
+    parser.add_argument("--disk-mib", type=int, default=512)
+    parser.add_argument("--policy", default="lru", choices=["lru", "s3fifo"])
+    parser.add_argument("--trace", type=Path, help="a Mooncake-format JSONL trace to replay")
+    parser.add_argument("--dir", type=Path, help="where the stores write (default: a temp dir)")
+    parser.add_argument("--out", type=Path, help="write the markdown report here too")
+    parser.add_argument("--quick", action="store_true", help="200 requests, 32 KiB blocks")
+    parser.add_argument(
+        "--lmcache-python", help="an interpreter with lmcache installed: adds LMCache's row"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.block_kib, args.memory_mib, args.disk_mib = 200, 32, 2, 16
+    load_start = os.getloadavg()
+    root = Path(tempfile.mkdtemp(prefix="kvbench-", dir=args.dir))
+    try:
+        if args.trace is not None:
+            path = args.trace
+            trace = traces.read(path)
+            source = f"`{args.trace}` (Mooncake format)"
+        else:
+            trace = traces.synthetic(args.requests)
+            path = root / "synthetic-mooncake.jsonl"
+            traces.write(path, trace)
+            trace = traces.read(path)  # replayed from the file, as a real trace would be
+            source = "synthetic multi-round chat, Zipf-shared prefixes, Mooncake format"
+        capacity_blocks = (args.memory_mib + args.disk_mib) * MiB // (args.block_kib * 1024)
+        ideal = traces.ideal_lru_hit_rate(trace, capacity_blocks)
+        mine = replay_kvstore(trace, root, args)
+        naive = replay_naive(trace, root, args)
+        peer = None
+        if args.lmcache_python:
+            peer = replay_lmcache(args.lmcache_python, path, root, args)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    load_end = os.getloadavg()
+    blocks = sum(len(r.hash_ids) for r in trace)
+    stats = mine["stats"]
+    lines = [
+        "# KV-cache benchmark",
+        "",
+        f"- trace: {source}; {len(trace)} requests, {blocks} block reads requested",
+        f"- block payload {args.block_kib} KiB (Mooncake blocks are 512 tokens; scaled down),"
+        f" memory {args.memory_mib} MiB, disk {args.disk_mib} MiB, policy {args.policy}",
+        f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
+        f"- load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f}",
+        f"- command: `python -m benchmarks.kvcache {' '.join(argv or sys.argv[1:])}`",
+        "",
+        "| store | block hit rate | ideal LRU (same capacity) | tier | get p50 ms | get p99 ms |"
+        " read GB/s | replay s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for tier in ("memory", "disk"):
+        t = stats[tier]
+        lines.append(
+            f"| mouthguard KVStore | {mine['hit_rate']:.3f} | {ideal:.3f} | {tier} |"
+            f" {fmt(t['get_p50_ms'])} | {fmt(t['get_p99_ms'])} | {fmt(t['read_gbps'], 2)} |"
+            f" {mine['seconds']:.1f} |"
+        )
+    lines.append(
+        f"| naive file per block | {naive['hit_rate']:.3f} | {ideal:.3f} | disk (page cache) |"
+        f" {naive['p50']} | {naive['p99']} | {fmt(naive['gbps'], 2)} | {naive['seconds']:.1f} |"
+    )
+    if peer is None:
+        lines.append("| LMCache local disk | not run (no --lmcache-python) | | | | | | |")
+    elif "error" in peer:
+        lines.append(f"| LMCache local disk | failed: {peer['error']} | | | | | | |")
+    else:
+        lines.append(
+            f"| LMCache {peer['version']} local disk | {peer['hit_rate']:.3f} | {ideal:.3f} |"
+            f" disk (page cache) | {fmt(peer['p50_ms'])} | {fmt(peer['p99_ms'])} |"
+            f" {fmt(peer['gbps'], 2)} | {peer['seconds']:.1f} |"
+        )
+    lines += [
+        "",
+        f"KVStore: memory {stats['memory']['bytes']} / {stats['memory']['capacity']} B,"
+        f" disk {stats['disk']['bytes']} / {stats['disk']['capacity']} B in"
+        f" {stats['disk']['segments']} segment files; evictions memory"
+        f" {stats['memory']['evictions']}, disk {stats['disk']['evictions']}; corrupt"
+        f" {stats['disk']['corrupt']}. Naive: {naive['files']} files."
+        + (
+            f" LMCache: {peer['files']} files, {peer['disk_bytes']} B."
+            if peer and "files" in peer
+            else ""
+        ),
+        "",
+    ]
+    report = "\n".join(lines)
+    print(report)
+    if args.out is not None:
+        args.out.write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
