@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import xxhash
 
@@ -70,7 +71,7 @@ class BlockDesc:
 class Payload:
     """A block's private bytes, description and checksum (see the module docstring)."""
 
-    data: np.ndarray  # 1-D uint8, owned by the store, never written after creation
+    data: npt.NDArray[Any]  # 1-D uint8, owned by the store, never written after creation
     desc: BlockDesc
     checksum: bytes  # xxh3-128 of key || data
 
@@ -80,7 +81,7 @@ class Payload:
         return int(self.data.nbytes)
 
 
-def block_checksum(key: bytes, data: np.ndarray | memoryview) -> bytes:
+def block_checksum(key: bytes, data: npt.NDArray[Any] | memoryview) -> bytes:
     """xxh3-128 over ``key`` then the bytes of ``data``."""
     hasher = xxhash.xxh3_128()
     hasher.update(key)
@@ -169,7 +170,7 @@ def parse_desc(raw: bytes, nbytes: int) -> BlockDesc:
 
 
 def decode(
-    data: np.ndarray, desc: BlockDesc, *, out: Block | None = None, device: Any = None
+    data: npt.NDArray[Any], desc: BlockDesc, *, out: Block | None = None, device: Any = None
 ) -> Block:
     """Rebuild a block from bytes the caller owns (see the module docstring).
 
@@ -190,7 +191,7 @@ def decode(
     return data.view(_numpy_dtype(desc.dtype)).reshape(desc.shape)
 
 
-def _fill(out: Block, data: np.ndarray) -> Block:
+def _fill(out: Block, data: npt.NDArray[Any]) -> Block:
     if isinstance(out, torch.Tensor):
         if out.nbytes != data.nbytes or not out.is_contiguous():
             raise KVCacheError(f"out buffer of {out.nbytes} bytes for a {data.nbytes}-byte block")

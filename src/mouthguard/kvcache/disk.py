@@ -35,8 +35,10 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from mouthguard.errors import KVCacheBusyError, KVCacheError
 from mouthguard.kvcache.blocks import Payload, block_checksum
@@ -316,7 +318,7 @@ class DiskLevel:
             log_records = b"".join(put_record(k, loc) for k, loc, _ in batch)
             append(index_path(self.directory, segment), log_records)
 
-    def read(self, key: bytes, location: Location) -> np.ndarray | None:
+    def read(self, key: bytes, location: Location) -> npt.NDArray[Any] | None:
         """The payload's bytes, or None if they are gone or fail their checksum."""
         out = np.empty(location.nbytes, dtype=np.uint8)
         try:

@@ -33,8 +33,10 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from mouthguard.errors import KVCacheError
 
@@ -95,7 +97,7 @@ def root_key(namespace: KVNamespace, block_tokens: int) -> bytes:
     return digest.digest()
 
 
-def token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+def token_array(token_ids: Sequence[int] | npt.NDArray[Any]) -> npt.NDArray[Any]:
     """Token ids as a 1-D ``<u8`` array (the canonical encoding).
 
     Raises:
@@ -121,7 +123,7 @@ def token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     return raw.astype("<u8", copy=False)
 
 
-def chain_keys(root: bytes, tokens: np.ndarray, block_tokens: int) -> list[bytes]:
+def chain_keys(root: bytes, tokens: npt.NDArray[Any], block_tokens: int) -> list[bytes]:
     """Keys of every *full* block of ``tokens`` (a trailing partial block has none)."""
     keys: list[bytes] = []
     previous = root
@@ -149,6 +151,6 @@ class KeyChain:
         self.block_tokens = block_tokens
         self.root = root_key(self.namespace, block_tokens)
 
-    def keys(self, token_ids: Sequence[int] | np.ndarray) -> list[bytes]:
+    def keys(self, token_ids: Sequence[int] | npt.NDArray[Any]) -> list[bytes]:
         """The keys of every full block of ``token_ids``, in order."""
         return chain_keys(self.root, token_array(token_ids), self.block_tokens)

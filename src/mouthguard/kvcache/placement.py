@@ -30,8 +30,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
+import numpy.typing as npt
 
 from mouthguard.errors import FormatError, MouthguardError
 from mouthguard.kvcache.blocks import BlockDesc, Payload
@@ -51,7 +52,7 @@ class Found:
     """A block read from a tier: its bytes (the caller's to keep) and where it was."""
 
     tier: str
-    data: np.ndarray
+    data: npt.NDArray[Any]
     desc: BlockDesc
     checksum: bytes
     source: Location | int | None  # disk location, remote size, or None for memory

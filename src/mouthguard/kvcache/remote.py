@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from mouthguard.errors import FormatError, MouthguardError
 from mouthguard.kvcache.blocks import BlockDesc, Payload, block_checksum, parse_desc
@@ -44,7 +46,7 @@ def object_size(payload: Payload) -> int:
     return _HEAD.size + len(payload.desc.encode()) + 16 + payload.nbytes
 
 
-def decode_object(key: bytes, raw: bytes) -> tuple[np.ndarray, BlockDesc, bytes]:
+def decode_object(key: bytes, raw: bytes) -> tuple[npt.NDArray[Any], BlockDesc, bytes]:
     """Payload bytes (a private copy), description and checksum of an object.
 
     Raises:
@@ -146,7 +148,7 @@ class RemoteLevel:
         """
         self.tier.put(self.object_key(key), encode_object(payload))
 
-    def read(self, key: bytes) -> tuple[np.ndarray, BlockDesc, bytes] | None:
+    def read(self, key: bytes) -> tuple[npt.NDArray[Any], BlockDesc, bytes] | None:
         """The block's bytes, description and checksum, or None if it cannot be read now.
 
         Raises:

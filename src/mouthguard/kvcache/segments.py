@@ -38,8 +38,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from mouthguard.errors import FormatError
@@ -231,7 +232,7 @@ def _pwrite(fd: int, view: memoryview, offset: int, direct: bool) -> bool:
     return direct
 
 
-def read_payload(path: Path, offset: int, out: np.ndarray) -> None:
+def read_payload(path: Path, offset: int, out: npt.NDArray[Any]) -> None:
     """Fill ``out`` (1-D uint8) from ``path`` at ``offset``; large reads skip the page cache.
 
     Raises:

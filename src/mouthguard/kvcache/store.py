@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import numpy as np
+import numpy.typing as npt
 
 from mouthguard.errors import KVCacheError
 from mouthguard.kvcache.blocks import Block, decode, encode
@@ -45,7 +45,7 @@ from mouthguard.tiers.base import Tier
 
 #: What KV state is worth: no replica, no durability (see the importance policy).
 IMPORTANCE = Importance.TRANSIENT
-TokenIds = Sequence[int] | np.ndarray
+TokenIds = Sequence[int] | npt.NDArray[Any]
 
 
 class KVStore:
