@@ -2,7 +2,8 @@
 
 ``perf stat -p <this process>`` counts ``syscalls:sys_enter_open``, ``openat`` and
 ``openat2`` in this process and every thread and process it starts afterwards
-(DataLoader workers, forked or spawned, inherit the counters), twice: all calls,
+(DataLoader workers, forked or spawned, inherit the counters), and in
+multiprocessing's fork server if one runs (its workers are its children), twice: all calls,
 and those whose path starts with the benchmark directory (a tracepoint filter on
 the path string: ``filename.ustring ~ "<dir>/*"``), i.e. the dataset's files and
 the loaders' caches. It is started disabled and switched on and off around an
@@ -37,7 +38,21 @@ def _filter(prefix: Path) -> str:
     return f'filename.ustring ~ "{prefix}/*"'
 
 
-def _argv(prefix: Path, pid: int | None, out: Path, control: str | None) -> list[str]:
+def _followed() -> str:
+    """This process, and multiprocessing's fork server if one runs already.
+
+    A fork server started in an earlier epoch is not this process's descendant
+    from perf's point of view any more (perf attaches per epoch and follows only
+    what is created after it attached): its workers would go uncounted unless it
+    is followed too. One started during the epoch is followed by inheritance.
+    """
+    import multiprocessing.forkserver  # noqa: PLC0415
+
+    server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    return str(os.getpid()) if server is None else f"{os.getpid()},{server}"
+
+
+def _argv(prefix: Path, pid: int | str | None, out: Path, control: str | None) -> list[str]:
     argv = ["perf", "stat", "-x,", "-o", str(out)]
     if control is not None:
         argv += ["--delay=-1", "--control", control]
@@ -104,7 +119,7 @@ class OpenCounter:
         ctl, ack = self._tmp / "ctl", self._tmp / "ack"
         os.mkfifo(ctl)
         os.mkfifo(ack)
-        argv = _argv(self.prefix, os.getpid(), self._tmp / "out.csv", f"fifo:{ctl},{ack}")
+        argv = _argv(self.prefix, _followed(), self._tmp / "out.csv", f"fifo:{ctl},{ack}")
         self._perf = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # Opening the FIFOs waits for perf to open its ends; the ack says it is counting.
         self._ctl = open(ctl, "w")  # kept open across the block

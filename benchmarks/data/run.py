@@ -38,7 +38,7 @@ from benchmarks.state import parse_size
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "docs" / "benchmarks-data.md"
-DEFAULTS = {"size": "1G", "workers": "0,4", "stall_workers": "4"}
+DEFAULTS = {"size": "1G", "workers": "1,4", "stall_workers": "4"}
 QUICK = {"size": "16M", "workers": "0", "stall_workers": "2"}
 #: The module each peer needs (the bench-data extra installs them).
 MODULES = {"webdataset": "webdataset", "mosaic": "streaming", "litdata": "litdata"}
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample-size", default="100K", help="bytes per sample (default 100K)")
     parser.add_argument("--shard-size", default="64M", help="shard/chunk size, every format")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", help="DataLoader workers per cell (default 0,4)")
+    parser.add_argument("--workers", help="DataLoader workers per cell (default 1,4)")
     parser.add_argument("--stall-workers", help="workers of the stall check (default 4)")
     parser.add_argument("--step-ms", type=float, default=20.0, help="simulated training step")
     parser.add_argument("--sources", default="local,s3", help="local, s3 or both")
