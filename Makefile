@@ -37,7 +37,7 @@ system-deps:
 	bash scripts/install-system-deps.sh
 
 pytest: $(STAMP) system-deps
-	$(BIN)/pytest -q -n auto  # in parallel: the suite must not depend on timing
+	$(BIN)/pytest -q -n auto --dist loadgroup  # in parallel: the suite must not depend on timing
 
 test: lint typecheck pytest
 

@@ -56,6 +56,11 @@ def sections(report: str) -> dict[str, list[str]]:
     return found
 
 
+# One benchmark run serves every test here: keep them on one xdist worker
+# (`--dist loadgroup`), or each worker that gets one would run it again.
+pytestmark = pytest.mark.xdist_group("bench-data")
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> str:
     tmp = tmp_path_factory.mktemp("bench-data")
