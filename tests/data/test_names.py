@@ -168,3 +168,11 @@ def test_data_paths(path: str) -> None:
 def test_bad_data_paths(path: object) -> None:
     with pytest.raises(InvalidKeyError):
         names.check_data_path(path, ".tar")
+
+
+@given(
+    st.text(alphabet="ab_+-./\\0Zé\x01", max_size=12)
+    | st.from_regex(r"[A-Za-z0-9_+-]{1,8}(/[A-Za-z0-9_+.-]{0,8}){0,3}", fullmatch=True)
+)
+def test_the_fast_path_for_plain_keys_judges_as_the_full_rules(key: str) -> None:
+    assert names._key_problem(key) == names._any_key_problem(key)

@@ -94,6 +94,7 @@ class _Parser:
         self.shard = shard
         self.size = size
         self.adopted = adopted
+        self.good_exts: set[str] = set()  # extensions already checked in this index
 
     def fail(self, why: str) -> ShardDamagedError:
         return ShardDamagedError(f"shard {self.shard}: index {why}", shard=self.shard)
@@ -110,8 +111,12 @@ class _Parser:
         if type(key) is not str or not key:
             raise self.fail(f"sample {number} key is not a non-empty string")
         self.key(key, number)
-        offset = self.integer(offset, f"sample {key!r} offset")
-        length = self.integer(length, f"sample {key!r} length", 1)
+        # Messages are formatted only on failure: this runs for every sample of every
+        # index, in every DataLoader worker, every epoch.
+        if not (type(offset) is int and offset >= 0):
+            offset = self.integer(offset, f"sample {key!r} offset")
+        if not (type(length) is int and length >= 1):
+            length = self.integer(length, f"sample {key!r} length", 1)
         if self.adopted and offset < cursor:
             raise self.fail(f"sample {key!r} starts before the previous sample ends")
         if not self.adopted and offset != cursor:  # packed samples tile the shard
@@ -153,6 +158,14 @@ class _Parser:
         ext, offset, size = raw
         if type(ext) is not str:
             raise self.fail(f"sample {key!r} has a member whose extension is not a string")
+        if (
+            ext in self.good_exts
+            and type(offset) is int
+            and type(size) is int
+            and offset >= 0
+            and size >= 0
+        ):
+            return Member(ext, offset, size)
         if self.adopted:
             why = names.adopted_ext_problem(ext)
             if why is not None:
@@ -162,11 +175,13 @@ class _Parser:
                 names.check_ext(ext, key)
             except SampleError as exc:
                 raise self.fail(str(exc)) from None
-        return Member(
+        member = Member(
             ext,
             self.integer(offset, f"sample {key!r} member {ext!r} offset"),
             self.integer(size, f"sample {key!r} member {ext!r} size"),
         )
+        self.good_exts.add(ext)  # samples repeat the same few extensions
+        return member
 
 
 def parse_index(

@@ -122,7 +122,20 @@ def check_key(key: object) -> str:
     return key
 
 
+#: Keys that break no rule of :func:`check_key`, recognised in one match: ASCII
+#: segments of letters, digits, ``_+-`` (the first not starting with ``_``), no dots.
+#: Checking an index's keys is most of the cost of reading an index, once per
+#: DataLoader worker and epoch; other keys take the full check.
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9+-][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_+-]+)*")
+
+
 def _key_problem(key: str) -> str | None:
+    if len(key) <= MAX_KEY_BYTES and _PLAIN_KEY.fullmatch(key) is not None:
+        return None  # ASCII: as many bytes as characters
+    return _any_key_problem(key)
+
+
+def _any_key_problem(key: str) -> str | None:
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError:
