@@ -81,7 +81,11 @@ def test_timeline(served: Served) -> None:
 
 
 def test_pending(served: Served) -> None:
+    one = served.json("/api/pending?limit=1")
+    assert len(one["actions"]) == 1 and one["total_actions"] >= 2
+    assert len(one["checkpoints"]) == 1 and one["total_checkpoints"] >= 2
     body = served.json("/api/pending")
+    assert len(body["actions"]) == body["total_actions"]
     trashed = {(a["run"], a["step"]) for a in body["actions"] if a["action"] == "trash"}
     assert {("beta", 1), ("beta", 2)} <= trashed
     reasons = [c for c in body["checkpoints"] if (c["run"], c["step"]) == ("beta", 1)]

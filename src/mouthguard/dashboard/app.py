@@ -13,7 +13,8 @@ except ``/api/datasets`` which opens each named dataset's manifest):
                                                       ``offset``, ``limit`` (<= 500), ``order``
 ``GET /api/checkpoints/{run}/{step}``                 one row
 ``GET /api/timeline?run=R&limit=N``                   the run's newest N recorded saves
-``GET /api/pending``                                  what ``gc`` would do now, with reasons
+``GET /api/pending?limit=N``                          what ``gc`` would do now, with reasons
+                                                      (the first N, oldest first; totals)
 ``GET /api/datasets``, ``GET /api/kvcache``           the datasets and KV caches given
 ``POST /api/checkpoints/{run}/{step}/hold``           ``{"name", "reason"}``
 ``POST /api/checkpoints/{run}/{step}/release``        ``{"name"}``
@@ -208,8 +209,9 @@ class _Api:
         ]
         return {"run": run, "total": len(points), "saves": points[-limit:]}
 
-    def pending(self, _request: Request) -> Row:
+    def pending(self, request: Request) -> Row:
         snapshot = self.cache.latest()
+        limit = _integer(request.query_params, "limit", 200, 1, MAX_PAGE)
         deleting = [
             {
                 "run": r["run"],
@@ -220,7 +222,13 @@ class _Api:
             for r in snapshot.rows
             if r["retention"]["verdict"] == "delete"
         ]
-        return {"checkpoints": deleting, "actions": list(snapshot.pending)}
+        # Oldest first, as gc lists them; a store far behind on retention has thousands.
+        return {
+            "total_checkpoints": len(deleting),
+            "total_actions": len(snapshot.pending),
+            "checkpoints": deleting[:limit],
+            "actions": list(snapshot.pending[:limit]),
+        }
 
     def datasets(self, _request: Request) -> list[Row]:
         return dataset_rows(self.sources.datasets)

@@ -30,7 +30,7 @@ def dataset_rows(locations: Sequence[str]) -> list[dict[str, Any]]:
     for location in locations:
         try:
             manifest = open_dataset(location).manifest
-        except MouthguardError as exc:
+        except (MouthguardError, ValueError, OSError) as exc:  # a bad URL, a missing mount
             rows.append({"location": location, "error": str(exc)})
             continue
         rows.append(

@@ -67,6 +67,8 @@ class Snapshot:
     pending: tuple[Row, ...]
     errors: tuple[str, ...] = ()
     _by_key: dict[tuple[str, int], Row] = field(default_factory=dict, repr=False, compare=False)
+    #: What is computed from the rows once per snapshot (the summary), not per request.
+    _memo: dict[str, Row] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._by_key.update({(r["run"], r["step"]): r for r in self.rows})
@@ -251,7 +253,17 @@ def _unreadable_row(item: UnreadableCheckpoint) -> Row:
 
 
 def summary(snapshot: Snapshot, *, now: dt.datetime) -> Row:
-    """Counts per state and importance, and per run its newest, protected and last save."""
+    """Counts per state and importance, and per run its newest, protected and last save.
+
+    Computed once per snapshot (a pass over every row); only the age is of ``now``.
+    """
+    if "summary" not in snapshot._memo:
+        snapshot._memo["summary"] = _summary(snapshot)
+    age = max(0.0, (now - snapshot.taken_at).total_seconds())
+    return {**snapshot._memo["summary"], "age_seconds": age}
+
+
+def _summary(snapshot: Snapshot) -> Row:
     by_state = dict.fromkeys(STATES, 0)
     by_importance: dict[str, int] = {}
     runs: dict[str, Row] = {}
@@ -284,7 +296,6 @@ def summary(snapshot: Snapshot, *, now: dt.datetime) -> Row:
     return {
         "source": snapshot.source,
         "taken_at": _iso(snapshot.taken_at),
-        "age_seconds": max(0.0, (now - snapshot.taken_at).total_seconds()),
         "build_seconds": snapshot.build_seconds,
         "checkpoints": len(snapshot.rows),
         "by_state": by_state,

@@ -76,7 +76,7 @@ function renderSummary(s) {
     card("unprotected bytes", bytes(s.unprotected_bytes), s.unprotected_bytes ? "bad" : ""),
     card("damaged", s.by_state.damaged, s.by_state.damaged ? "bad" : ""),
     card("in trash", s.by_state.trashed),
-    card("pending deletions", pending),
+    card("pending copy deletions", pending),
     ...s.tiers.map((t) => card("tier " + t.name, t.domain + (t.fast ? " (fast)" : ""))),
   );
   const runs = document.querySelector("#runs tbody");
@@ -226,6 +226,10 @@ function renderPending(p) {
     el("td", {}, a.run), el("td", { class: "num" }, a.step), el("td", {}, a.tier),
     el("td", { class: a.action === "restore" ? "" : "verdict-delete" }, a.action),
     el("td", {}, a.reason))));
+  if (p.total_actions > p.actions.length) {
+    body.append(el("tr", {}, el("td", { colspan: 5, class: "muted" },
+      "... and " + (p.total_actions - p.actions.length) + " more (mouthguard gc lists all)")));
+  }
 }
 
 function renderDatasets(rows) {
