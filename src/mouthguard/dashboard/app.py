@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
@@ -103,7 +104,9 @@ def create_app(
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
     async def scrape(_request: Request) -> Response:
-        return Response(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
+        # A walk over every row: in the thread pool, so other requests are not held up.
+        text = await run_in_threadpool(metrics.render, registry)
+        return Response(text, media_type=metrics.CONTENT_TYPE)
 
     routes = [
         Route("/", index),
@@ -128,7 +131,6 @@ def _json(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
     Handlers are synchronous (they read files, or take the snapshot's lock);
     Starlette runs them in its thread pool through ``run_in_threadpool``.
     """
-    from starlette.concurrency import run_in_threadpool  # noqa: PLC0415 - with the app only
 
     async def endpoint(request: Request) -> Response:
         body = await request.body() if request.method == "POST" else b""
