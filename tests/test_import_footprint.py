@@ -20,8 +20,14 @@ PACKAGE = Path(__file__).parents[1] / "src" / "mouthguard"
 #: The storage core: everything `import mouthguard` may need.
 CORE = ("errors", "tiers", "policy", "format", "config", "checkpoint", "jobs", "dcp")
 #: Never loaded by the core: mouthguard's own upper layers, and plotting.
-FORBIDDEN = ("mouthguard.cli", "mouthguard.demo", "mouthguard.plan", "mouthguard.chaos")
-FORBIDDEN_THIRD_PARTY = ("matplotlib",)
+FORBIDDEN = (
+    "mouthguard.cli",
+    "mouthguard.demo",
+    "mouthguard.plan",
+    "mouthguard.chaos",
+    "mouthguard.dashboard",
+)
+FORBIDDEN_THIRD_PARTY = ("matplotlib", "starlette", "uvicorn", "prometheus_client")
 
 _PROBE = """
 import importlib, json, sys

@@ -57,7 +57,10 @@ ALLOWED: dict[str, set[str]] = {
     "demo": _BASE | {"checkpoint", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},
-    "cli": _BASE | {"checkpoint", "jobs", "demo", "plan", "chaos", "data", "cli"},
+    # The operator's web page and metrics: reads what checkpoint, jobs (the retention
+    # plan) and data describe; the CLI's `serve` starts it.
+    "dashboard": _BASE | {"checkpoint", "jobs", "data", "dashboard"},
+    "cli": _BASE | {"checkpoint", "jobs", "demo", "plan", "chaos", "data", "dashboard", "cli"},
 }
 
 

@@ -29,6 +29,7 @@ from mouthguard.format.manifest import (
     MAX_FILES,
     MAX_STEP,
     Manifest,
+    SaveTiming,
     parse_manifest,
     seal,
 )
@@ -184,6 +185,61 @@ def test_dcp_member_counts_towards_the_size_limit(
     monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", len(raw) - 1)
     with pytest.raises(ManifestError, match="limit"):
         parse_manifest(raw)
+
+
+# --- the optional save member (how the save went) -----------------------------
+
+
+def test_a_checkpointer_save_records_its_timing(saved_raw: bytes, body: dict[str, Any]) -> None:
+    save = parse_manifest(saved_raw).save
+    assert save is not None and save.mode == "sync"
+    assert save.seconds > 0 and save.stall_seconds == save.seconds  # a sync save blocks throughout
+    assert set(body["save"]) == {"mode", "seconds", "stall_seconds"}
+
+
+def test_an_async_save_records_a_stall_shorter_than_the_save(tmp_path: Any) -> None:
+    ckpt = mouthguard.Checkpointer(tmp_path, run="r", background=False)
+    ckpt.save_async(3, {"w": torch.ones(1 << 16)}).result()
+    raw = (tmp_path / "fast" / "r" / "000000000003" / "manifest.json").read_bytes()
+    save = parse_manifest(raw).save
+    assert save is not None and save.mode == "async"
+    assert 0 < save.stall_seconds <= save.seconds
+
+
+def test_a_manifest_without_the_save_member_parses(body: dict[str, Any]) -> None:
+    """Manifests written before the member existed (and DCP's) have no timing."""
+    del body["save"]
+    raw = seal(body)
+    m = parse_manifest(raw)
+    assert m.save is None and m.to_bytes() == raw and b'"save"' not in raw
+
+
+def test_save_member_round_trips_byte_identically(body: dict[str, Any]) -> None:
+    body["save"] = {"mode": "async", "seconds": 2, "stall_seconds": 0.25}
+    m = parse_manifest(seal(body))
+    assert m.save == SaveTiming("async", 2.0, 0.25)
+    assert parse_manifest(m.to_bytes()).save == m.save
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        [],
+        {"mode": "sync", "seconds": 1.0},  # a member missing
+        {"mode": "sync", "seconds": 1.0, "stall_seconds": 1.0, "extra": 1},
+        {"mode": "eventually", "seconds": 1.0, "stall_seconds": 1.0},
+        {"mode": 1, "seconds": 1.0, "stall_seconds": 1.0},
+        {"mode": "sync", "seconds": True, "stall_seconds": 1.0},
+        {"mode": "sync", "seconds": "1", "stall_seconds": 1.0},
+        {"mode": "sync", "seconds": -1.0, "stall_seconds": 1.0},
+        {"mode": "sync", "seconds": 1.0, "stall_seconds": 10**400},
+        {"mode": "sync", "seconds": 1e300, "stall_seconds": 1.0},
+    ],
+)
+def test_save_member_is_checked_as_hostile_input(body: dict[str, Any], value: object) -> None:
+    body["save"] = value
+    reject(body, "save")
 
 
 # --- corruption of the bytes ---------------------------------------------------

@@ -40,7 +40,7 @@ from mouthguard.errors import (
     ObjectExistsError,
     RankFailedError,
 )
-from mouthguard.format.manifest import FileRecord, Manifest, TensorRecord
+from mouthguard.format.manifest import FileRecord, Manifest, SaveTiming, TensorRecord
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance
 from mouthguard.tiers.base import Tier
@@ -61,6 +61,8 @@ class SaveRequest:
     reference: JsonValue = None
     #: Manifest signing keys (the coordinator signs the manifest with the current one).
     signing: Keyring | None = None
+    #: The save's timing as of now, asked for when the coordinator builds the manifest.
+    timing: Callable[[], SaveTiming] | None = None
 
 
 def commit_save(
@@ -191,4 +193,5 @@ def _manifest(request: SaveRequest, gathered: list[JsonValue], world_size: int) 
         states=tuple(state for _r, _t, state in ranks),
         framework=framework_versions(),
         reference=request.reference,
+        save=None if request.timing is None else request.timing(),
     )

@@ -24,7 +24,12 @@ import logging
 from collections.abc import Iterable
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.gathering import gather, tier_facts, unreadable_copies
+from mouthguard.checkpoint.gathering import (
+    CheckpointView,
+    gather,
+    tier_facts,
+    unreadable_copies,
+)
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, UnreadableCheckpoint
 from mouthguard.checkpoint.store import Store
 from mouthguard.policy.placement import placement_for, protection_status
@@ -39,8 +44,16 @@ def describe(store: Store, run: str, step: int) -> CheckpointInfo | None:
     saved one); the holds are the union over copies.
     """
     view = gather(store, run, step)
-    if view is None:
-        return None
+    return None if view is None else describe_view(store, view)
+
+
+def describe_view(store: Store, view: CheckpointView) -> CheckpointInfo:
+    """The info of a checkpoint already gathered (:func:`describe` without the reading).
+
+    For callers that judge the same gathered facts in more than one way (the
+    dashboard describes and runs retention over one gathering of the store).
+    """
+    run, step = view.facts.run, view.facts.step
     prefix = catalog.checkpoint_prefix(run, step)
     damage = {name: side.damage for name, side in view.sidecars if side.damage}
     copies = tuple(

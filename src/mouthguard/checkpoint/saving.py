@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
@@ -33,7 +34,7 @@ from mouthguard.checkpoint.staging import needs_pinned, snapshot
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.writer import layout_for, write_rank_file, write_rank_image
 from mouthguard.format import typed_json
-from mouthguard.format.manifest import FileRecord, Manifest, TensorRecord
+from mouthguard.format.manifest import FileRecord, Manifest, SaveTiming, TensorRecord
 from mouthguard.format.state_tree import FlatState, flatten_state
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
@@ -89,6 +90,7 @@ class SavePipeline:
         except Exception as exc:
             self._fail_with_peers(step, level, exc)
             raise
+        request = replace(request, timing=lambda: _timing("sync", started, stall=None))
         tier = self.store.fast
 
         def write_rank(staging: str) -> tuple[FileRecord, list[TensorRecord]]:
@@ -138,6 +140,7 @@ class SavePipeline:
         del flat  # the background job needs the layout and the image, not the state
         stall = time.perf_counter() - entered
         log.info("%s step %d snapshotted in %.3f s (waited %.3f s)", self.run, step, stall, waited)
+        request = replace(request, timing=lambda: _timing("async", entered, stall=stall))
         tier = self.store.fast
 
         def write_rank(staging: str) -> tuple[FileRecord, list[TensorRecord]]:
@@ -227,6 +230,12 @@ class SavePipeline:
         return CheckpointInfo.from_manifest(
             manifest, (copy,), save_seconds=save_seconds, stall_seconds=stall_seconds
         )
+
+
+def _timing(mode: str, started: float, *, stall: float | None) -> SaveTiming:
+    """The save's timing now (``started`` on ``perf_counter``); a sync save stalls throughout."""
+    seconds = time.perf_counter() - started
+    return SaveTiming(mode, seconds, seconds if stall is None else stall)
 
 
 def _reference_json(reference: Mapping[str, object] | None) -> JsonValue:

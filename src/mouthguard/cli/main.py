@@ -6,7 +6,8 @@ One module per command group: :mod:`~mouthguard.cli.listing` (ls, show),
 aliases demote and importance), :mod:`~mouthguard.cli.replication` (replicate),
 :mod:`~mouthguard.cli.agent`, :mod:`~mouthguard.cli.doctor`,
 :mod:`~mouthguard.cli.demo`, :mod:`~mouthguard.cli.plan`,
-:mod:`~mouthguard.cli.simulate` and :mod:`~mouthguard.cli.chaos`. This module
+:mod:`~mouthguard.cli.simulate`, :mod:`~mouthguard.cli.chaos` and
+:mod:`~mouthguard.cli.serve` (the web page and metrics). This module
 builds the parser and maps what a command raises to an exit code.
 
 Exit codes (:mod:`mouthguard.cli.common`): 0 success; 1 a checkpoint copy or one
@@ -48,6 +49,7 @@ from mouthguard.cli import (
     listing,
     plan,
     replication,
+    serve,
     simulate,
 )
 from mouthguard.cli.common import (
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(sub)
     chaos.add_parser(sub)
     data.add_parser(sub)
+    serve.add_parser(sub)
     _store_after_command(sub)
     return parser
 
@@ -161,6 +164,7 @@ _HANDLERS: dict[str, Handler] = {
     **agent.HANDLERS,
     "doctor": doctor.run,
     "chaos": chaos.run,
+    **serve.HANDLERS,
 }
 
 

@@ -21,6 +21,12 @@ member is written only when present, so every other manifest (and its checksum)
 is byte-for-byte what it was before the member existed. Here it is only checked
 to be a JSON object; ``mouthguard.dcp`` validates its content.
 
+A ``Checkpointer`` save also records how it went in the optional ``save`` member
+(:class:`SaveTiming`: sync or async, the seconds from the call until the manifest
+was built, and the seconds the caller was blocked), so that operators can see
+save stalls and throughput later (``mouthguard serve``). Like ``dcp`` it is
+written only when present; manifests from before it parse unchanged.
+
 With a manifest key (:mod:`mouthguard.format.signing`, which states the threat
 model) the manifest also carries an HMAC signature before its checksum; parsed
 with a key, an unsigned or wrongly signed manifest raises ``SignatureError``.
@@ -78,6 +84,61 @@ class TensorRecord:
     length: int
 
 
+#: Largest duration a manifest may record for a save (about 115 days).
+MAX_SAVE_SECONDS = 1e7
+SAVE_MODES = ("sync", "async")
+
+
+@dataclass(frozen=True)
+class SaveTiming:
+    """How the save that wrote a checkpoint went, as its coordinator measured it.
+
+    Attributes:
+        mode: ``sync`` (``save``) or ``async`` (``save_async``).
+        seconds: from the call until the manifest was built, every rank file
+            written and fsynced; the manifest's own write and rename (a few small
+            writes) come after and are not counted.
+        stall_seconds: how long the caller was blocked: ``seconds`` for a sync
+            save, the snapshot (and the wait for the previous save) for an async one.
+    """
+
+    mode: str
+    seconds: float
+    stall_seconds: float
+
+    def __post_init__(self) -> None:
+        if self.mode not in SAVE_MODES:
+            raise ManifestError(f"save mode must be one of {SAVE_MODES}, got {self.mode!r}")
+        for name in ("seconds", "stall_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, float) or not 0.0 <= value <= MAX_SAVE_SECONDS:
+                raise ManifestError(f"save {name} must be a number of seconds, got {value!r}")
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """The manifest's ``save`` member."""
+        return {"mode": self.mode, "seconds": self.seconds, "stall_seconds": self.stall_seconds}
+
+    @classmethod
+    def from_json(cls, raw: JsonValue) -> SaveTiming:
+        """Parse the ``save`` member as hostile input (exact keys, types, bounds)."""
+        if not isinstance(raw, dict) or set(raw) != {"mode", "seconds", "stall_seconds"}:
+            raise ManifestError("manifest field 'save' must be {mode, seconds, stall_seconds}")
+        mode = raw["mode"]
+        if not isinstance(mode, str):
+            raise ManifestError("save mode must be a string")
+        return cls(mode, _seconds(raw["seconds"]), _seconds(raw["stall_seconds"]))
+
+
+def _seconds(value: JsonValue) -> float:
+    """A number of seconds within bounds (a JSON integer too; ``true`` is not one)."""
+    bad = ManifestError(f"save seconds must be numbers in [0, {MAX_SAVE_SECONDS:g}]: {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad
+    if not 0 <= value <= MAX_SAVE_SECONDS:  # before float(): a huge int would overflow; nan fails
+        raise bad
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A parsed, validated manifest. Immutable: mutable facts live in sidecars."""
@@ -94,6 +155,8 @@ class Manifest:
     reference: JsonValue = None
     #: DCP metadata (``mouthguard.dcp``'s JSON form); None for a ``Checkpointer`` save.
     dcp: JsonValue = None
+    #: How the save went (``Checkpointer`` saves); None for DCP and older manifests.
+    save: SaveTiming | None = None
 
     @property
     def is_dcp(self) -> bool:
@@ -151,6 +214,9 @@ class Manifest:
             "states": list(self.states),
             "reference": self.reference,
         }
+        if self.save is not None:
+            # Only when present (as dcp): older manifests keep their exact bytes.
+            body["save"] = self.save.to_json()
         if self.dcp is not None:
             # Only when present: manifests without it keep their exact bytes and checksum.
             body["dcp"] = self.dcp
@@ -237,6 +303,7 @@ def _validate(body: JsonValue) -> Manifest:
     dcp = body.get("dcp")
     if "dcp" in body and not isinstance(dcp, dict):
         raise ManifestError(f"manifest field 'dcp' must be an object, got {type(dcp).__name__}")
+    save = SaveTiming.from_json(body["save"]) if "save" in body else None
     return Manifest(
         run=run,
         step=step,
@@ -249,6 +316,7 @@ def _validate(body: JsonValue) -> Manifest:
         framework={str(k): str(v) for k, v in framework.items()},
         reference=body.get("reference"),
         dcp=dcp,
+        save=save,
     )
 
 

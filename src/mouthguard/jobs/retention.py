@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from mouthguard.checkpoint.gathering import CheckpointView, gather, runs_of, steps_of, tier_facts
@@ -36,6 +36,7 @@ from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.deletion import CopyAction, decide_deletions
+from mouthguard.policy.facts import TierFacts
 from mouthguard.policy.placement import placement_for
 from mouthguard.policy.retention import RetentionDecision, decide_retention
 
@@ -129,16 +130,34 @@ def apply_retention(
             report.skipped.append(f"run {run}: {exc}")
             continue
         views.extend(run_views)
-    report.decisions = decide_retention([v.facts for v in views], policy, now)
-    decisions = {d.key: d for d in report.decisions}
-    tiers = tier_facts(store)
+    report.decisions, planned = plan_retention(views, tier_facts(store), policy, now)
+    report.actions = [_apply(store, view, action, now, dry_run) for view, action in planned]
+    return report
+
+
+def plan_retention(
+    views: Sequence[CheckpointView],
+    tiers: Sequence[TierFacts],
+    policy: PolicyConfig,
+    now: float,
+) -> tuple[list[RetentionDecision], list[tuple[CheckpointView, CopyAction]]]:
+    """The pure policy's verdict on gathered checkpoints: decisions, then one action per copy.
+
+    No I/O: what :func:`apply_retention` carries out (or reports, in a dry run),
+    and what ``mouthguard serve`` shows as pending, from the same functions.
+    """
+    decisions = decide_retention([v.facts for v in views], policy, now)
+    by_key = {d.key: d for d in decisions}
+    planned: list[tuple[CheckpointView, CopyAction]] = []
     for view in views:
         placement = placement_for(view.facts.importance, tiers, policy)
-        for action in decide_deletions(
-            view.facts, decisions[view.facts.key], placement, policy, now
-        ):
-            report.actions.append(_apply(store, view, action, now, dry_run))
-    return report
+        planned.extend(
+            (view, action)
+            for action in decide_deletions(
+                view.facts, by_key[view.facts.key], placement, policy, now
+            )
+        )
+    return decisions, planned
 
 
 def _apply(

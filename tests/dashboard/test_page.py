@@ -1,0 +1,111 @@
+"""The page as a real headless chromium renders it: what an operator sees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import mouthguard
+from tests.dashboard.helpers import (
+    TOKEN,
+    Element,
+    Served,
+    browse,
+    by_id,
+    find_all,
+    parse_dom,
+    serving,
+)
+
+pytestmark = pytest.mark.slow  # starts a browser
+
+
+@pytest.fixture(scope="module")
+def page(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Element:
+    profile = tmp_path_factory.mktemp("chromium")
+    dom = parse_dom(browse(served.url + "/", profile, "--dump-dom").stdout)
+    (body,) = find_all(dom, "body")
+    assert body.attrs["data-loaded"] == "true"  # the script ran to the end
+    return dom
+
+
+def _cells(row: Element) -> list[str]:
+    return [cell.text.strip() for cell in find_all(row, "td")]
+
+
+def test_no_error_is_shown(page: Element) -> None:
+    assert "hidden" in by_id(page, "error").attrs
+
+
+def test_checkpoint_rows(page: Element) -> None:
+    rows = find_all(by_id(page, "checkpoints"), "tr", data_run="alpha")
+    assert [r.attrs["data-step"] for r in rows] == ["30", "20", "10"]  # newest first
+    by_step = {r.attrs["data-step"]: r for r in rows}
+    held = _cells(by_step["20"])
+    assert held[2] == "milestone" and held[3] == "protected held"
+    copies = find_all(by_step["20"], "span", data_tier="durable")
+    assert copies[0].attrs["class"] == "copy verified"
+    assert "verified" in copies[0].attrs["title"]
+    fresh = _cells(by_step["30"])
+    assert fresh[3] == "committed" and fresh[4] == "fast"
+    assert fresh[6].endswith("ms") and fresh[8].endswith("/s")  # stall, throughput
+    damaged = find_all(by_id(page, "checkpoints"), "tr", data_run="beta", data_step="5")
+    (fast,) = find_all(damaged[0], "span", data_tier="fast")
+    assert fast.attrs["class"] == "copy damaged" and "damaged:" in fast.attrs["title"]
+
+
+def test_summary_cards_show_the_api_counts(page: Element, served: Served) -> None:
+    cards = {
+        c.attrs["data-card"]: c.text
+        for c in find_all(by_id(page, "cards"), "div")
+        if "data-card" in c.attrs
+    }
+    counts = served.json("/api/summary")["by_state"]
+    assert cards["checkpoints"] == "8checkpoints"
+    assert cards["protected"] == f"{counts['protected']}protected"
+    assert (
+        cards["not yet protected"] == f"{counts['committed'] + counts['verified']}not yet protected"
+    )
+    assert cards["damaged"] == "0damaged"  # beta 5 keeps an intact copy on durable
+    assert cards["tier fast"] == "local-fast (fast)tier fast"
+
+
+def test_runs_table(page: Element) -> None:
+    (alpha,) = find_all(by_id(page, "runs"), "tr", data_run="alpha")
+    cells = _cells(alpha)
+    assert cells[:2] == ["alpha", "3"] and cells[3:6] == ["30", "20", "1"]
+
+
+def test_pending_decisions_with_reasons(page: Element) -> None:
+    trash = find_all(by_id(page, "pending"), "tr", data_action="trash")
+    shown = {(c[0], c[1]) for c in map(_cells, trash)}
+    assert {("beta", "1"), ("beta", "2")} <= shown
+    assert all("older than the last 3" in _cells(r)[4] for r in trash)
+
+
+def test_timeline_draws_every_save_of_the_newest_run(page: Element) -> None:
+    bars = find_all(by_id(page, "timeline"), "rect")
+    saves = [b for b in bars if b.attrs.get("class") == "save"]
+    stalls = [b for b in bars if b.attrs.get("class") == "stall"]
+    assert by_id(page, "timeline-run").text == "run alpha"  # alpha 30 is the newest save
+    assert [b.attrs["data-step"] for b in saves] == ["10", "20", "30"] and len(stalls) == 3
+
+
+def test_no_actions_on_a_read_only_page(page: Element) -> None:
+    assert "hidden" in by_id(page, "token-box").attrs
+    assert find_all(by_id(page, "checkpoints"), "button") == []
+
+
+def test_actions_appear_with_mutations(tmp_path: Path, ops: mouthguard.Store) -> None:
+    with serving(ops, token=TOKEN) as served:
+        dom = parse_dom(browse(served.url + "/", tmp_path / "profile", "--dump-dom").stdout)
+    assert "hidden" not in by_id(dom, "token-box").attrs
+    (row,) = find_all(by_id(dom, "checkpoints"), "tr", data_run="alpha", data_step="30")
+    assert [b.text for b in find_all(row, "button")] == ["hold", "release", "critical"]
+
+
+def test_screenshot(served: Served, tmp_path: Path) -> None:
+    png = tmp_path / "page.png"
+    browse(served.url + "/", tmp_path / "profile", f"--screenshot={png}", "--window-size=1400,1100")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
