@@ -1,4 +1,4 @@
-"""The Lightning CheckpointIO with a real Lightning Trainer (tiny model, CPU, nothing downloaded)."""
+"""The Lightning CheckpointIO with a real Lightning Trainer (tiny model, CPU, no download)."""
 
 from __future__ import annotations
 
@@ -189,7 +189,9 @@ def test_an_object_that_needs_pickle_is_named_and_nothing_is_saved(
     torch.manual_seed(0)
     model = Tiny(extra=object())
     train, val = _data()
-    with pytest.raises(UnsupportedStateError, match=r"\['hyper_parameters'\]\['extra'\].*on_save_checkpoint"):
+    with pytest.raises(
+        UnsupportedStateError, match=r"\['hyper_parameters'\]\['extra'\].*on_save_checkpoint"
+    ):
         _trainer(tmp_path, 1, io).fit(model, train, val)
     assert io.checkpointer.steps() == []
     assert not list((tmp_path / "checkpoints").glob("*.ckpt"))
