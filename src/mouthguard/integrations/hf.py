@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +47,11 @@ from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import FormatError
 from mouthguard.integrations.dir_files import check_relative, read_dir, write_dir
-from mouthguard.integrations.saves import TrainerSaves
+from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule
 from mouthguard.policy.importance import Importance, parse_importance
 
 log = logging.getLogger(__name__)
 
-#: ``(args, state) -> level``: decides a checkpoint's importance instead of the default rule.
-ImportanceRule = Callable[[Any, Any], "str | Importance"]
 
 #: The ``TrainerCallback`` rule key under which the best checkpoint is tracked.
 _BEST = "metric_for_best_model"
@@ -81,11 +78,7 @@ class MouthguardCallback(TrainerCallback):
         background: bool | None = None,
     ) -> None:
         self.saves = TrainerSaves(store, run, background=background)
-        if isinstance(importance, str | Importance):
-            level = parse_importance(importance)
-            self._rule: ImportanceRule | None = lambda _args, _state: level
-        else:
-            self._rule = importance
+        self._rule = as_rule(importance)
 
     @property
     def checkpointer(self) -> Checkpointer:

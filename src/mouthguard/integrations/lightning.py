@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +57,10 @@ from mouthguard.checkpoint.store import Store
 from mouthguard.errors import CheckpointNotFoundError, MouthguardError, UnsupportedStateError
 from mouthguard.integrations.pointer import Pointer, read_pointer, remove_pointer, write_pointer
 from mouthguard.integrations.recovery import load_at_or_before
-from mouthguard.integrations.saves import TrainerSaves
+from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule
 from mouthguard.policy.importance import Importance, parse_importance
 
 log = logging.getLogger(__name__)
-
-#: ``(checkpoint, path) -> level``: decides a save's importance instead of the default rule.
-ImportanceRule = Callable[[Mapping[str, Any], str], "str | Importance"]
 
 
 class CheckpointIO(_LightningCheckpointIO):
@@ -88,11 +85,7 @@ class CheckpointIO(_LightningCheckpointIO):
     ) -> None:
         super().__init__()
         self.saves = TrainerSaves(store, run, background=background)
-        if isinstance(importance, str | Importance):
-            level = parse_importance(importance)
-            self._rule: ImportanceRule | None = lambda _checkpoint, _path: level
-        else:
-            self._rule = importance
+        self._rule = as_rule(importance)
 
     @property
     def checkpointer(self) -> Checkpointer:

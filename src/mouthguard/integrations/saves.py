@@ -32,6 +32,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mouthguard.checkpoint.async_save import SaveHandle
 from mouthguard.checkpoint.checkpointer import Checkpointer
@@ -40,7 +41,7 @@ from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import CheckpointNotFoundError
 from mouthguard.integrations.recovery import give_up
-from mouthguard.policy.importance import Importance
+from mouthguard.policy.importance import Importance, parse_importance
 
 log = logging.getLogger(__name__)
 
@@ -167,3 +168,19 @@ class TrainerSaves:
             self.settle()
         finally:
             self.checkpointer.close()
+
+
+#: A trainer integration's importance override: two trainer-specific arguments -> a level.
+ImportanceRule = Callable[[Any, Any], "str | Importance"]
+
+
+def as_rule(importance: str | Importance | ImportanceRule | None) -> ImportanceRule | None:
+    """``importance=`` as a rule: a fixed level becomes a rule that always gives it.
+
+    Raises:
+        ValueError: a level name that is not one.
+    """
+    if isinstance(importance, str | Importance):
+        level = parse_importance(importance)
+        return lambda _first, _second: level
+    return importance
