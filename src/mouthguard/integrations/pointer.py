@@ -86,7 +86,10 @@ def read_pointer(path: str | os.PathLike[str]) -> Pointer:
     run, step = body.get("run"), body.get("step")
     if not isinstance(run, str) or type(step) is not int:
         raise FormatError(f"{where}: pointer without a valid run and step: {body}")
-    return Pointer(catalog.validate_run(run), catalog.validate_step(step))
+    try:
+        return Pointer(catalog.validate_run(run), catalog.validate_step(step))
+    except ValueError as exc:
+        raise FormatError(f"{where}: {exc}") from None
 
 
 def remove_pointer(path: str | os.PathLike[str]) -> bool:
