@@ -90,12 +90,22 @@ def write_dir(files: object, dest: str | os.PathLike[str]) -> Path:
                 out.flush()
                 os.fsync(out.fileno())
         staging.rename(target)
+        fsync_dir(target.parent)
     except BaseException:
         for path in sorted(staging.rglob("*"), reverse=True):
             path.rmdir() if path.is_dir() else path.unlink()
         staging.rmdir()
         raise
     return target
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (its entry is data of the directory)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _bytes_of(name: object, data: object) -> memoryview:

@@ -9,9 +9,9 @@ checkpoint is::
     {"mouthguard_pointer": 1, "run": "my-run", "step": 42}
 
 It is written atomically (a temporary file in the same directory, fsynced,
-then renamed over the target) and read as hostile input (size cap, strict JSON,
-every field checked): a torch checkpoint or any other file at the path is
-refused with an error saying what it is not.
+renamed over the target, the directory fsynced) and read as hostile input
+(size cap, strict JSON, every field checked): a torch checkpoint or any other
+file at the path is refused with an error saying what it is not.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from mouthguard.checkpoint import catalog
 from mouthguard.errors import CheckpointNotFoundError, FormatError, MouthguardError
 from mouthguard.format.strict_json import StrictJsonError, parse
+from mouthguard.integrations.dir_files import fsync_dir
 
 #: A pointer is a few dozen bytes; anything much larger is some other file.
 MAX_POINTER_BYTES = 4096
@@ -51,6 +52,7 @@ def write_pointer(path: str | os.PathLike[str], pointer: Pointer) -> None:
             out.flush()
             os.fsync(out.fileno())
         Path(temp).replace(target)
+        fsync_dir(target.parent)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
