@@ -135,3 +135,23 @@ def test_restore_picks_the_previous_valid_checkpoint_when_the_newest_is_damaged(
     assert (restored / "model.safetensors").read_bytes() == expected
     with pytest.raises(FileExistsError):
         restore(store, "hf", tmp_path / "again", step=4)
+
+
+def test_after_a_resume_the_next_best_demotes_the_best_from_before(
+    tmp_path: Path, store: mouthguard.Store
+) -> None:
+    args = _args(tmp_path, eval_strategy="epoch", metric_for_best_model="eval_loss")
+    first = Trainer(
+        _model(0), args, train_dataset=_data(), eval_dataset=_data(8), callbacks=[_callback(store)]
+    )
+    first.train()
+    assert first.state.best_global_step == 8
+    callback = _callback(store)  # a new process knows nothing but the store and the state
+    args = _args(tmp_path, epochs=3, eval_strategy="epoch", metric_for_best_model="eval_loss")
+    again = Trainer(
+        _model(0), args, train_dataset=_data(), eval_dataset=_data(8), callbacks=[callback]
+    )
+    again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-8"))
+    assert again.state.best_global_step == 12
+    levels = {i.step: i.importance.value for i in callback.checkpointer.list()}
+    assert levels == {4: "routine", 8: "routine", 12: "critical"}

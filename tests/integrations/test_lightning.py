@@ -133,6 +133,10 @@ def test_importance_follows_the_rule(tmp_path: Path, io: CheckpointIO) -> None:
     assert old_best is not None
     assert (old_best.saved_importance, old_best.importance.value) == ("critical", "milestone")
     assert old_best.state == "trashed"
+    # last.ckpt was saved again at epoch 2: the checkpoint it named before is trashed too.
+    first_last = io.checkpointer.info(5)
+    assert first_last is not None and first_last.state == "trashed"
+    assert read_pointer(tmp_path / "checkpoints" / "last.ckpt").step == 9
     assert not (tmp_path / "checkpoints" / "epoch=0-step=4.ckpt").exists()
 
 

@@ -20,8 +20,9 @@ Contracts:
   the background, and a failure is raised by the next save or at the end of
   training (``on_train_end``), never lost.
 * Importance, by default: the ``Trainer``'s best checkpoint (``best_model_checkpoint``
-  by ``metric_for_best_model``) is ``critical`` -- the previous best is demoted
-  to ``routine`` once the new one has committed -- the final checkpoint of the
+  by ``metric_for_best_model``) is ``critical`` -- the previous best, also one
+  from before a restart, is demoted to ``routine`` once the new one has
+  committed -- the final checkpoint of the
   training (``global_step == max_steps``) is ``milestone``, the rest ``routine``.
   ``importance=`` overrides it: a level, or a callable ``(args, state) -> level``.
 * :func:`restore` writes the newest valid checkpoint (or ``step``) back as
@@ -107,6 +108,21 @@ class MouthguardCallback(TrainerCallback):
             otherwise=Importance.ROUTINE,
         )
         log.info("stored %s as %s step %d (%s)", directory, self.saves.run, step, level)
+
+    @override
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """After a resume: the checkpoint the restored state calls best is the current best.
+
+        So the first new best of this process demotes it, as it would have without
+        the restart (only if the store holds it as ``critical``: a level set by
+        hand to something else is left alone).
+        """
+        best = getattr(state, "best_global_step", None)
+        if not state.is_world_process_zero or not best:
+            return
+        info = self.checkpointer.info(best, missing_ok=True)
+        if info is not None and info.importance is Importance.CRITICAL:
+            self.saves.note_best(_BEST, best, Importance.ROUTINE)
 
     @override
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
