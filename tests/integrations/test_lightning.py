@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import mouthguard
 from mouthguard.errors import CheckpointFallbackWarning, FormatError, UnsupportedStateError
-from mouthguard.integrations.lightning import CheckpointIO
+from mouthguard.integrations.lightning import CheckpointIO, restore_pointers
 from mouthguard.integrations.pointer import read_pointer
 from tests.checkpoint.helpers import assert_same, flip_byte, step_path
 
@@ -81,6 +82,11 @@ def test_resume_from_the_store_ends_equal_to_an_uninterrupted_run(
 ) -> None:
     reference = _fit(tmp_path / "ref", 2, None)
     _fit(tmp_path / "run", 1, io)  # interrupted after epoch 1
+    directory = tmp_path / "run" / "checkpoints"
+    saved = {p.name: read_pointer(p) for p in directory.iterdir()}
+    shutil.rmtree(directory)  # ... and the machine with its checkpoint directory is gone
+    restored = restore_pointers(io.checkpointer.store, "lit", directory)
+    assert {p.name: read_pointer(p) for p in restored} == saved
     # A new model with other initial weights: only the checkpoint can make it match.
     resumed = _fit(tmp_path / "run", 2, io, seed=1, ckpt_path="last")
     assert torch.equal(resumed.layer.weight, reference.layer.weight)

@@ -23,6 +23,8 @@ Contracts:
   on the CPU, as Lightning's own loader with its default ``map_location``). A
   damaged or missing checkpoint falls back to the newest valid one saved before
   it, with a :class:`~mouthguard.errors.CheckpointFallbackWarning`.
+* :func:`restore_pointers` writes the pointers again into a checkpoint directory
+  that was lost with its machine; the checkpoints never left the store.
 * ``remove_checkpoint(path)`` removes the pointer and puts the checkpoint in the
   store's trash -- never a held or critical one
   (:func:`~mouthguard.integrations.recovery.give_up`).
@@ -51,8 +53,10 @@ from typing import Any
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _LightningCheckpointIO
 from typing_extensions import override
 
+from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.ranks import RankGroup
+from mouthguard.checkpoint.reader import read_manifest
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import CheckpointNotFoundError, MouthguardError, UnsupportedStateError
 from mouthguard.integrations.pointer import Pointer, read_pointer, remove_pointer, write_pointer
@@ -213,6 +217,50 @@ class CheckpointIO(_LightningCheckpointIO):
                 continue
             if pointer.run == self.saves.run:
                 self.saves.note_best(key, pointer.step, Importance.MILESTONE)
+
+
+def restore_pointers(
+    store: Store | str | os.PathLike[str], run: str, dirpath: str | os.PathLike[str]
+) -> list[Path]:
+    """Write the pointer files of ``run`` into ``dirpath`` again, after the directory was lost.
+
+    Every committed checkpoint of ``run`` that this plug-in saved and that is not
+    in the trash gets a pointer named as Lightning named its file, in step order,
+    so a name saved several times (``last.ckpt``) points to its newest checkpoint.
+    Then ``trainer.fit(ckpt_path="last")`` (or the path of a top-k file) resumes as
+    it would have before the loss. A checkpoint whose manifest no tier can read is
+    skipped (it could not be loaded anyway).
+
+    Returns:
+        The pointers written, in the order written.
+    """
+    checkpointer = Checkpointer(store, run, background=False, group=RankGroup())
+    written: list[Path] = []
+    for info in checkpointer.list():
+        if info.state == "trashed":
+            continue
+        name = _saved_name(checkpointer, info.step)
+        if name is not None:
+            target = Path(dirpath) / name
+            write_pointer(target, Pointer(run, info.step))
+            written.append(target)
+    return written
+
+
+def _saved_name(checkpointer: Checkpointer, step: int) -> str | None:
+    """The file name Lightning saved ``step`` under (its reference values), if readable."""
+    for tier in catalog.tiers_holding(checkpointer.store.tiers, checkpointer.run, step):
+        try:
+            manifest = read_manifest(tier, checkpointer.run, step, checkpointer.manifest_keys)
+        except MouthguardError:
+            continue
+        reference = manifest.reference
+        path = reference.get("lightning_path") if isinstance(reference, dict) else None
+        if not isinstance(path, str) or not path:
+            return None
+        name = Path(path).name
+        return name if name not in ("", ".", "..") else None
+    return None
 
 
 def default_importance(checkpoint: Mapping[str, Any], path: str) -> tuple[Importance, str | None]:
