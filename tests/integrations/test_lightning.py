@@ -223,6 +223,8 @@ def test_a_file_that_is_not_a_pointer_is_refused(tmp_path: Path, io: CheckpointI
     torch.save({"w": torch.ones(2)}, path)
     with pytest.raises(FormatError, match="not a mouthguard checkpoint pointer"):
         io.load_checkpoint(path)
+    io.remove_checkpoint(path)  # top-k dropping a file from before the switch: deleted
+    assert not path.exists()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(mouthguard.MouthguardError, match="no checkpoint at"):

@@ -58,7 +58,12 @@ from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.reader import read_manifest
 from mouthguard.checkpoint.store import Store
-from mouthguard.errors import CheckpointNotFoundError, MouthguardError, UnsupportedStateError
+from mouthguard.errors import (
+    CheckpointNotFoundError,
+    FormatError,
+    MouthguardError,
+    UnsupportedStateError,
+)
 from mouthguard.integrations.pointer import Pointer, read_pointer, remove_pointer, write_pointer
 from mouthguard.integrations.recovery import load_at_or_before
 from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule
@@ -163,12 +168,20 @@ class CheckpointIO(_LightningCheckpointIO):
 
     @override
     def remove_checkpoint(self, path: Any) -> None:
-        """Remove the pointer at ``path``; trash its checkpoint unless held or critical."""
+        """Remove the pointer at ``path``; trash its checkpoint unless held or critical.
+
+        A file there that is not a pointer (a checkpoint from before the switch) is
+        deleted, as Lightning's default ``CheckpointIO`` would.
+        """
         self.saves.settle()
         try:
             pointer = read_pointer(path)
         except CheckpointNotFoundError:
             log.info("remove %s: no pointer there, nothing to do", path)
+            return
+        except FormatError:
+            Path(path).unlink(missing_ok=True)
+            log.info("remove %s: not a mouthguard pointer, deleted as Lightning would", path)
             return
         remove_pointer(path)
         if pointer.run != self.saves.run:
@@ -185,10 +198,7 @@ class CheckpointIO(_LightningCheckpointIO):
         """The step of this run that a pointer at ``path`` refers to now, if any."""
         try:
             pointer = read_pointer(path)
-        except CheckpointNotFoundError:
-            return None
-        # Any other file there is Lightning's to overwrite, as its own CheckpointIO would.
-        except MouthguardError:
+        except MouthguardError:  # nothing there, or a file Lightning overwrites as it would
             return None
         return pointer.step if pointer.run == self.saves.run else None
 
