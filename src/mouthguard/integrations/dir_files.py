@@ -20,6 +20,7 @@ import os
 import tempfile
 from pathlib import Path, PurePosixPath
 
+import numpy as np
 import torch
 
 from mouthguard.errors import FormatError, MouthguardError
@@ -27,6 +28,8 @@ from mouthguard.errors import FormatError, MouthguardError
 
 def read_dir(root: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every regular file under ``root`` as ``{relative path: uint8 tensor of its bytes}``.
+
+    The tensors map the files (see :func:`_mapped`): read them before the files change.
 
     Raises:
         MouthguardError: ``root`` is not a directory, or holds a symlink or a
@@ -42,13 +45,20 @@ def read_dir(root: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         relative = path.relative_to(base).as_posix()
         if path.is_symlink() or not path.is_file():
             raise MouthguardError(f"{path}: only regular files can be stored, not links or devices")
-        data = path.read_bytes()
-        files[relative] = (
-            torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            if data
-            else torch.empty(0, dtype=torch.uint8)
-        )
+        files[relative] = _mapped(path)
     return files
+
+
+def _mapped(path: Path) -> torch.Tensor:
+    """The file's bytes as a tensor backed by the page cache, not by a copy in memory.
+
+    Copy-on-write (``mode="c"``): the tensor is writable, as torch wants, and a
+    write would never reach the file. A checkpoint directory may hold gigabytes;
+    the save's snapshot is then the only copy in memory.
+    """
+    if path.stat().st_size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))
 
 
 def check_relative(name: object) -> str:
