@@ -54,6 +54,8 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"errors", "format", "tiers", "data"},
     # KV-cache blocks for inference: transient state over memory, disk and any tier.
     "kvcache": {"errors", "policy", "tiers", "kvcache"},
+    # Trainer plug-ins (Lightning, Hugging Face): adapters above checkpoint, as dcp is.
+    "integrations": _BASE | {"checkpoint", "integrations"},
     "demo": _BASE | {"checkpoint", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},

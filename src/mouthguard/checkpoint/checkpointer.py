@@ -77,6 +77,8 @@ class Checkpointer:
             (default: the whole job when torch.distributed is initialised). Every
             rank must construct its Checkpointer in the same order (a collective),
             and the fast tier must be shared by all ranks.
+            ``RankGroup()`` (:mod:`mouthguard.checkpoint.ranks`) saves from this
+            process alone even in a distributed job: no collective, rank 0 of 1.
     """
 
     def __init__(

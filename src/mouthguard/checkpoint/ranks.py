@@ -95,7 +95,15 @@ class TorchRanks(RankGroup):
 
 
 def detect_ranks(group: Any = None) -> RankGroup:
-    """:class:`TorchRanks` when torch.distributed is initialised with >1 rank, else single."""
+    """:class:`TorchRanks` when torch.distributed is initialised with >1 rank, else single.
+
+    A :class:`RankGroup` given as ``group`` is used as it is: ``RankGroup()`` is
+    "this process alone", for frameworks whose rank 0 writes the whole
+    checkpoint while the other ranks never call the checkpointer (Lightning's
+    ``CheckpointIO``, the Hugging Face ``Trainer``'s callbacks).
+    """
+    if isinstance(group, RankGroup):
+        return group
     if "torch" not in sys.modules:
         # Nothing can have initialised torch.distributed without importing torch, and a
         # command that only reads (the CLI's ls, hold) must not pay seconds to import it.
