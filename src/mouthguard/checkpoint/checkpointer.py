@@ -185,6 +185,22 @@ class Checkpointer:
         """
         return self._saves.save_async(step, state, importance, reference)
 
+    def prepare(self, state: object) -> int:
+        """Make the staging buffer of :meth:`save_async` ready for ``state``; return its bytes.
+
+        The first async save otherwise pays, inside its stall, for allocating the
+        buffer -- page-locking it when tensors are on CUDA, which costs seconds for
+        gigabytes -- and for faulting in its pages. Called once before the training
+        loop (or whenever the state grows), it moves that cost off the training
+        path: the first ``save_async`` then stalls like every later one. Only the
+        layout is computed; no tensor byte is copied. Calling it again with a state
+        of the same size costs one write per page; the buffer only ever grows.
+
+        Raises:
+            UnsupportedStateError: ``state`` holds something that needs pickle.
+        """
+        return self._saves.prepare(state)
+
     def flush(self) -> None:
         """Block until the async save in flight (if any) has finished."""
         self._saves.saver.wait_previous()

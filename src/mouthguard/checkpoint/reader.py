@@ -17,7 +17,7 @@ left it raises, and the ``into`` contents are then undefined.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     import torch
 
 READ_CHUNK_BYTES = 16 * 1024 * 1024
+
+#: Called between the chunks of a verifying read, from the reading thread; it may
+#: block (bounded) to let a checkpoint save have the disk. Background jobs pass
+#: their burst gate's ``wait``; foreground reads pass nothing.
+Pause = Callable[[], object]
 
 
 def read_manifest(tier: Tier, run: str, step: int, keys: Keyring | None = None) -> Manifest:
@@ -120,14 +125,21 @@ def _chunks(view: memoryview) -> Iterator[tuple[int, memoryview]]:
         yield start, view[start : start + READ_CHUNK_BYTES]
 
 
-def verify_file(tier: Tier, prefix: str, manifest: Manifest, record: FileRecord) -> None:
+def verify_file(
+    tier: Tier, prefix: str, manifest: Manifest, record: FileRecord, *, pause: Pause | None = None
+) -> None:
     """Read every byte of one file and check size, header and checksums.
+
+    ``pause`` is called before every chunk (see :data:`Pause`); reads already in
+    flight finish, no new one starts until it returns.
 
     Raises:
         ObjectNotFoundError: the file is missing.
         ChecksumMismatchError, RankFileError: the bytes are not what was committed.
     """
     key = prefix + record.name
+    if pause is not None:
+        pause()
     _check_object(tier, key, record)
     hasher = StreamHasher(with_sha256=record.sha256 is not None)
     header = _read_header(tier, key, record, hasher)
@@ -139,17 +151,30 @@ def verify_file(tier: Tier, prefix: str, manifest: Manifest, record: FileRecord)
         (offset, scratch[i % len(scratch)][: min(size, record.size - offset)])
         for i, offset in enumerate(range(record.data_offset, record.size, size))
     )
+    if pause is not None:
+        jobs = _paused(jobs, pause)
     for chunk in read_in_order(tier, key, jobs):
         hasher.update(chunk)
     _verify_digest(hasher, record)
 
 
-def verify_copy(tier: Tier, prefix: str, manifest: Manifest) -> None:
-    """Verify every file of a checkpoint copy and the skeleton's tensor references."""
+def _paused(
+    jobs: Iterator[tuple[int, memoryview]], pause: Pause
+) -> Iterator[tuple[int, memoryview]]:
+    for job in jobs:
+        pause()
+        yield job
+
+
+def verify_copy(tier: Tier, prefix: str, manifest: Manifest, *, pause: Pause | None = None) -> None:
+    """Verify every file of a checkpoint copy and the skeleton's tensor references.
+
+    ``pause``: called between chunks, so a background verification yields (:data:`Pause`).
+    """
     for rank in range(manifest.world_size):
         _check_references(manifest, rank)
     for record in manifest.files:
-        verify_file(tier, prefix, manifest, record)
+        verify_file(tier, prefix, manifest, record, pause=pause)
 
 
 def _rank_file(manifest: Manifest, rank: int) -> FileRecord:
