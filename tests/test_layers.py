@@ -54,10 +54,13 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"errors", "format", "tiers", "data"},
     # KV-cache blocks for inference: transient state over memory, disk and any tier.
     "kvcache": {"errors", "policy", "tiers", "kvcache"},
+    # Inference cold start: weights files (HF directories, checkpoints) into device memory,
+    # through the checkpoint layer's verified manifests, read-ahead and host ring.
+    "weights": _BASE | {"checkpoint", "weights"},
     "demo": _BASE | {"checkpoint", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},
-    "cli": _BASE | {"checkpoint", "jobs", "demo", "plan", "chaos", "data", "cli"},
+    "cli": _BASE | {"checkpoint", "jobs", "demo", "plan", "chaos", "data", "weights", "cli"},
 }
 
 

@@ -147,7 +147,7 @@ def verify_file(
     size = min(READ_CHUNK_BYTES, max(record.size - record.data_offset, 1))
     # READ_AHEAD + 1 buffers in rotation: a buffer is refilled only after it was hashed.
     scratch = [memoryview(bytearray(size)) for _ in range(READ_AHEAD + 1)]
-    jobs = (
+    jobs: Iterator[tuple[int, memoryview]] = (
         (offset, scratch[i % len(scratch)][: min(size, record.size - offset)])
         for i, offset in enumerate(range(record.data_offset, record.size, size))
     )

@@ -6,7 +6,8 @@ One module per command group: :mod:`~mouthguard.cli.listing` (ls, show),
 aliases demote and importance), :mod:`~mouthguard.cli.replication` (replicate),
 :mod:`~mouthguard.cli.agent`, :mod:`~mouthguard.cli.doctor`,
 :mod:`~mouthguard.cli.demo`, :mod:`~mouthguard.cli.plan`,
-:mod:`~mouthguard.cli.simulate` and :mod:`~mouthguard.cli.chaos`. This module
+:mod:`~mouthguard.cli.simulate`, :mod:`~mouthguard.cli.chaos`, :mod:`~mouthguard.cli.data`
+and :mod:`~mouthguard.cli.weights`. This module
 builds the parser and maps what a command raises to an exit code.
 
 Exit codes (:mod:`mouthguard.cli.common`): 0 success; 1 a checkpoint copy or one
@@ -49,6 +50,7 @@ from mouthguard.cli import (
     plan,
     replication,
     simulate,
+    weights,
 )
 from mouthguard.cli.common import (
     EXIT_BROKEN_PIPE,
@@ -68,7 +70,7 @@ from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardEr
 
 DEFAULT_STORE = "./mouthguard-store"
 #: Commands that need no store: --store after them is not offered.
-_STORELESS = {"plan", "simulate", "data"}
+_STORELESS = {"plan", "simulate", "data", "weights"}
 _STORE_HELP = "store directory or mouthguard.toml"
 
 
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(sub)
     chaos.add_parser(sub)
     data.add_parser(sub)
+    weights.add_parser(sub)
     _store_after_command(sub)
     return parser
 
@@ -187,7 +190,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
             return run_demo(Path(args.store), console, as_json=args.json)
         if args.command in _STORELESS:  # arithmetic, or datasets that name their own place
-            runner = {"plan": plan.run, "simulate": simulate.run, "data": data.run}[args.command]
+            runners = {"plan": plan.run, "simulate": simulate.run, "data": data.run}
+            runner = runners.get(args.command, weights.run)
             return runner(args, console)
         store = open_store(args.store, create=False)
         return _HANDLERS[args.command](store, args, console)

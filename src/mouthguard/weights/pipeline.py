@@ -1,0 +1,123 @@
+"""Executing a file's reads: parallel ranged reads, the checksum inline, copies to the device.
+
+One file's :class:`~mouthguard.weights.plan.Read` s are issued through
+:func:`~mouthguard.checkpoint.read_ahead.read_in_order` (several in flight on the
+shared reader pool, handed back in file order), so the checksum sees the bytes
+in order as they land and verification costs no second pass. Where each read
+lands:
+
+* straight in the returned tensor, when the tensor is in host memory and the
+  read is all one tensor's bytes (no copy at all);
+* otherwise in a slot of a :class:`~mouthguard.checkpoint.host_ring.HostRing`
+  (pinned for CUDA), from which each part is copied to its tensor -- for CUDA
+  asynchronously, while the next reads fill the next slots.
+
+So the disk, the checksum and the bus work at the same time, and host memory
+beyond the returned tensors is the ring's, whatever the model's size.
+
+Contract: when :func:`read_file` returns, every byte of the plan is in its
+tensor (device copies finished) and, for a verified plan, the file's checksum
+matched. When it raises, the tensors' contents are undefined and must not be
+used; :func:`~mouthguard.weights.loader.load` returns none of them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from mouthguard.checkpoint.host_ring import HostRing
+from mouthguard.checkpoint.read_ahead import read_in_order
+from mouthguard.errors import ChecksumMismatchError
+from mouthguard.format.checksum import StreamHasher
+from mouthguard.format.rank_file import byte_view
+from mouthguard.tiers.base import Tier
+from mouthguard.weights.plan import FilePlan, Read
+
+if TYPE_CHECKING:
+    import torch
+
+#: Reads in flight per file (a ring then has this many slots plus one).
+READS_AHEAD = 4
+
+
+def read_file(
+    tier: Tier,
+    plan: FilePlan,
+    reads: list[Read],
+    outputs: list[torch.Tensor],
+    ring: HostRing | None,
+) -> int:
+    """Do ``reads`` (``plan.reads(...)``) into ``outputs`` (flat uint8, one per wanted); bytes read.
+
+    ``ring`` carries every read that cannot land in its tensor directly; it may be
+    None only when every output is in host memory and no read needs a bounce
+    (checked: a plan that needs one raises ``ValueError``).
+
+    Raises:
+        ChecksumMismatchError: a verified file's bytes do not match its checksum.
+        TierError: the file cannot be read.
+    """
+    hasher = StreamHasher(with_sha256=plan.file.sha256 is not None) if plan.verify else None
+    if hasher is not None:
+        hasher.update(plan.header)
+    landing: deque[tuple[Read, int | None]] = deque()  # (read, ring index or None: direct)
+
+    def jobs() -> Iterator[tuple[int, memoryview]]:
+        slot = 0
+        for read in reads:
+            direct = _direct(read, outputs)
+            if direct is not None:
+                landing.append((read, None))
+                yield read.offset, direct
+                continue
+            if ring is None:
+                raise ValueError("a read that needs a bounce buffer, and no ring")
+            buffer = ring.acquire(slot)
+            landing.append((read, slot))
+            slot += 1
+            yield read.offset, byte_view(buffer[: read.length])
+
+    total = 0
+    for view in read_in_order(tier, plan.file.key, jobs(), ahead=READS_AHEAD):
+        read, slot = landing.popleft()
+        if hasher is not None:
+            hasher.update(view)
+        total += read.length
+        if slot is None or ring is None:
+            continue
+        for part in read.parts:
+            dest = outputs[part.wanted][part.dest_offset : part.dest_offset + part.length]
+            ring.to_device(slot, dest, start=part.start, nbytes=part.length)
+    if ring is not None:
+        ring.drain()
+    if hasher is not None:
+        _check(plan, hasher)
+    return total
+
+
+def needs_ring(reads: list[Read], outputs: list[torch.Tensor]) -> bool:
+    """Whether some read cannot land straight in its tensor."""
+    return any(_direct(read, outputs) is None for read in reads)
+
+
+def _direct(read: Read, outputs: list[torch.Tensor]) -> memoryview | None:
+    """The host tensor bytes a read can land in directly, if it is all one tensor's."""
+    if len(read.parts) != 1:
+        return None
+    part = read.parts[0]
+    out = outputs[part.wanted]
+    if part.length != read.length or out.device.type != "cpu":
+        return None
+    return byte_view(out[part.dest_offset : part.dest_offset + part.length])
+
+
+def _check(plan: FilePlan, hasher: StreamHasher) -> None:
+    file = plan.file
+    if file.checksum is not None and hasher.xxh3 != file.checksum:
+        raise ChecksumMismatchError(
+            f"{file.name}: checksum mismatch (manifest {file.checksum}, read {hasher.xxh3})"
+        )
+    if file.sha256 is not None and hasher.sha256 != file.sha256:
+        raise ChecksumMismatchError(f"{file.name}: sha256 mismatch (tampered or corrupt)")
