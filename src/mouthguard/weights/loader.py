@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Files read at once (each with its own reads in flight and its own ring).
-PARALLEL_FILES = 2
+PARALLEL_FILES = 4
 
 
 @dataclass

@@ -33,6 +33,7 @@ from mouthguard.errors import ChecksumMismatchError
 from mouthguard.format.checksum import StreamHasher
 from mouthguard.format.rank_file import byte_view
 from mouthguard.tiers.base import Tier
+from mouthguard.tiers.io_pool import IOPool
 from mouthguard.weights.plan import FilePlan, Read
 
 if TYPE_CHECKING:
@@ -40,6 +41,12 @@ if TYPE_CHECKING:
 
 #: Reads in flight per file (a ring then has this many slots plus one).
 READS_AHEAD = 4
+#: Threads issuing the weights' reads, shared by every load in the process. More
+#: than the checkpoint readers': a cold start has the disk to itself, and virtual
+#: and network disks reach their speed only with many requests queued.
+READER_THREADS = 8
+
+_READERS = IOPool(READER_THREADS, "mouthguard-weights-read")
 
 
 def read_file(
@@ -80,7 +87,7 @@ def read_file(
             yield read.offset, byte_view(buffer[: read.length])
 
     total = 0
-    for view in read_in_order(tier, plan.file.key, jobs(), ahead=READS_AHEAD):
+    for view in read_in_order(tier, plan.file.key, jobs(), ahead=READS_AHEAD, pool=_READERS):
         read, slot = landing.popleft()
         if hasher is not None:
             hasher.update(view)
