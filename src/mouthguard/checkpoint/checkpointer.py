@@ -354,7 +354,9 @@ class Checkpointer:
 
     # --- load ------------------------------------------------------------------
 
-    def load(self, step: int | None = None, into: object = None) -> LoadedCheckpoint:
+    def load(
+        self, step: int | None = None, into: object = None, *, device: Any = None
+    ) -> LoadedCheckpoint:
         """Load a checkpoint, verifying every byte.
 
         Args:
@@ -362,9 +364,14 @@ class Checkpointer:
                 falling back past damaged ones with a :class:`CheckpointFallbackWarning`.
             into: optional state whose tensors (matched by key path, same dtype and
                 shape) are filled in place and returned instead of new tensors. If
-                every candidate fails, their contents are undefined.
+                every candidate fails, their contents are undefined. Tensors on a
+                GPU are filled there directly, through a small ring of pinned host
+                buffers (reads, checksum and copies overlap).
+            device: where tensors that ``into`` does not give are created
+                (``"cuda"``, ``torch.device(...)``; default: the CPU), the same way.
 
         Raises:
+            ValueError: ``device`` names no device.
             CheckpointNotFoundError: nothing is committed (for ``step``, or at all).
             CorruptCheckpointError: every copy of the requested ``step`` is damaged.
             NoValidCheckpointError: ``step=None`` and no checkpoint is valid.
@@ -376,7 +383,15 @@ class Checkpointer:
         """
         if step is not None:
             catalog.validate_step(step)
-        loader = Loader(self.store, self.run, self.ranks, self.manifest_keys)
+        target = None
+        if device is not None:
+            import torch  # noqa: PLC0415 - torch is loaded by whoever asks for a device
+
+            try:
+                target = torch.device(device)
+            except RuntimeError as exc:
+                raise ValueError(f"{device!r} is not a device: {exc}") from None
+        loader = Loader(self.store, self.run, self.ranks, self.manifest_keys, target)
         # Every rank walks the coordinator's list, so all try the same steps in order.
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         listed = self.ranks.broadcast(list(candidates))

@@ -23,10 +23,15 @@ synchronous copies, which is how its ordering and bounds are tested without a GP
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mouthguard.checkpoint.read_ahead import READ_AHEAD, read_in_order
 from mouthguard.format.rank_file import byte_view
+from mouthguard.tiers.base import Tier
+from mouthguard.tiers.io_pool import IOPool
 
 # torch is imported where tensors are made (see checkpoint/staging.py).
 if TYPE_CHECKING:
@@ -163,3 +168,73 @@ def stream_from_device(sources: Iterable[torch.Tensor], ring: HostRing) -> Itera
 
 def _filled(ring: HostRing, index: int, nbytes: int) -> memoryview:
     return byte_view(ring.wait(index)[:nbytes])
+
+
+@dataclass(frozen=True)
+class Landing:
+    """One ranged read of an object, and where its bytes go.
+
+    Attributes:
+        offset: where the read starts in the object.
+        length: how many bytes it reads.
+        direct: host memory of exactly ``length`` bytes the read fills itself (None:
+            the read lands in a ring slot).
+        parts: for a read through the ring, ``(start, length, dest)``: bytes
+            ``[start, start + length)`` of the read are copied into ``dest`` (flat
+            uint8, on the ring's device or the host) once the read landed.
+    """
+
+    offset: int
+    length: int
+    direct: memoryview | None = None
+    parts: tuple[tuple[int, int, torch.Tensor], ...] = ()
+
+
+def read_landings(
+    tier: Tier,
+    key: str,
+    landings: Iterable[Landing],
+    ring: HostRing | None,
+    *,
+    ahead: int = READ_AHEAD,
+    pool: IOPool | None = None,
+) -> Iterator[memoryview]:
+    """Do every read of ``landings`` (``ahead`` in flight); yield each one's bytes in order.
+
+    A read through the ring has its copies queued before its bytes are yielded, so
+    the caller's checksum and the bus read the slot at the same time; the slot is
+    refilled only once those copies finished. The yielded view is valid until the
+    caller asks for the next one. When the generator is exhausted every copy has
+    finished. ``ring`` must have at least ``ahead + 1`` slots and may be None only
+    when every landing is direct.
+
+    Raises:
+        ValueError: a landing needs the ring and there is none, or the ring is too small.
+        TierError: a read failed.
+    """
+    if ring is not None and len(ring) < ahead + 1:
+        raise ValueError(f"a ring of {len(ring)} slots cannot take {ahead} reads in flight")
+    queue: deque[tuple[Landing, int]] = deque()  # in job order: (landing, ring index or -1)
+
+    def jobs() -> Iterator[tuple[int, memoryview]]:
+        slot = 0
+        for landing in landings:
+            if landing.direct is not None:
+                queue.append((landing, -1))
+                yield landing.offset, landing.direct
+                continue
+            if ring is None:
+                raise ValueError("a read that needs a bounce buffer, and no ring")
+            buffer = ring.acquire(slot)
+            queue.append((landing, slot))
+            slot += 1
+            yield landing.offset, byte_view(buffer[: landing.length])
+
+    for view in read_in_order(tier, key, jobs(), ahead=ahead, pool=pool):
+        landing, slot = queue.popleft()
+        if slot >= 0 and ring is not None:
+            for start, length, dest in landing.parts:
+                ring.to_device(slot, dest, start=start, nbytes=length)
+        yield view
+    if ring is not None:
+        ring.drain()

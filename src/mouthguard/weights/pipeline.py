@@ -23,12 +23,9 @@ used; :func:`~mouthguard.weights.loader.load` returns none of them.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from mouthguard.checkpoint.host_ring import HostRing
-from mouthguard.checkpoint.read_ahead import read_in_order
+from mouthguard.checkpoint.host_ring import HostRing, Landing, read_landings
 from mouthguard.errors import ChecksumMismatchError
 from mouthguard.format.checksum import StreamHasher
 from mouthguard.format.rank_file import byte_view
@@ -69,39 +66,28 @@ def read_file(
     hasher = StreamHasher(with_sha256=plan.file.sha256 is not None) if plan.verify else None
     if hasher is not None:
         hasher.update(plan.header)
-    landing: deque[tuple[Read, int | None]] = deque()  # (read, ring index or None: direct)
-
-    def jobs() -> Iterator[tuple[int, memoryview]]:
-        slot = 0
-        for read in reads:
-            direct = _direct(read, outputs)
-            if direct is not None:
-                landing.append((read, None))
-                yield read.offset, direct
-                continue
-            if ring is None:
-                raise ValueError("a read that needs a bounce buffer, and no ring")
-            buffer = ring.acquire(slot)
-            landing.append((read, slot))
-            slot += 1
-            yield read.offset, byte_view(buffer[: read.length])
-
     total = 0
-    for view in read_in_order(tier, plan.file.key, jobs(), ahead=READS_AHEAD, pool=_READERS):
-        read, slot = landing.popleft()
+    landings = (_landing(read, outputs) for read in reads)
+    for view in read_landings(
+        tier, plan.file.key, landings, ring, ahead=READS_AHEAD, pool=_READERS
+    ):
         if hasher is not None:
             hasher.update(view)
-        total += read.length
-        if slot is None or ring is None:
-            continue
-        for part in read.parts:
-            dest = outputs[part.wanted][part.dest_offset : part.dest_offset + part.length]
-            ring.to_device(slot, dest, start=part.start, nbytes=part.length)
-    if ring is not None:
-        ring.drain()
+        total += view.nbytes
     if hasher is not None:
         _check(plan, hasher)
     return total
+
+
+def _landing(read: Read, outputs: list[torch.Tensor]) -> Landing:
+    direct = _direct(read, outputs)
+    if direct is not None:
+        return Landing(read.offset, read.length, direct=direct)
+    parts = tuple(
+        (p.start, p.length, outputs[p.wanted][p.dest_offset : p.dest_offset + p.length])
+        for p in read.parts
+    )
+    return Landing(read.offset, read.length, parts=parts)
 
 
 def needs_ring(reads: list[Read], outputs: list[torch.Tensor]) -> bool:
