@@ -61,3 +61,47 @@ def test_the_weights_benchmark_reports_every_loader_and_target(tmp_path: Path) -
     # mouthguard's own rows are always measured, never "not available".
     assert "| mouthguard weights.load, HF directory (no checksums to verify) | not" not in text
     assert "| mouthguard weights.load, checkpoint (xxh3-128 verified) | not" not in text
+
+
+def test_the_gpu_benchmark_runs_its_every_step_on_the_cpu(tmp_path: Path) -> None:
+    # CI has no GPU: --device cpu drives the same harness on CPU tensors.
+    args = ("--device", "cpu", "--size", "8M", "--tensors", "6", "--repeats", "1")
+    text = _run("benchmarks.gpu", *args, out=tmp_path / "gpu.md")
+    assert "no statement about GPUs" in text
+    for row in (
+        "| device-to-host copy into pinned memory (the stall reference) |",
+        "| raw parallel O_DIRECT write + fsync |",
+        "| raw parallel O_DIRECT read |",
+        "| mouthguard save_async stall, first save, no prepare |",
+        "| mouthguard save_async stall, first save after prepare |",
+        "| mouthguard save_async stall, later saves |",
+        "| DCP async_save stall, later saves |",
+        "| mouthguard save (sync, durable, xxh3) |",
+        "| DCP save (8 threads) |",
+        "| safetensors save_file + fsync |",
+        "| mouthguard load(into=device state), verified |",
+        "| mouthguard load(device=...), verified |",
+        "| DCP load into the device state |",
+        "| safetensors load_file(device=...) |",
+        "| load into the device >= 1.3x safetensors load_file(device=...) |",
+    ):
+        assert row in text, row
+
+
+def test_the_gpu_benchmark_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
+    import torch  # noqa: PLC0415 - only to know whether this machine has a GPU
+
+    if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs the real thing
+        return
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--out", str(tmp_path / "x.md")],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "no CUDA device" in result.stderr
+    assert not (tmp_path / "x.md").exists()
