@@ -46,7 +46,7 @@ from rich.console import Console
 import mouthguard
 from benchmarks.harness import CacheDrop, fsync_path, progress_bar
 from benchmarks.rawio import RawIO
-from benchmarks.report import machine_line
+from benchmarks.report import load_line, machine_line
 from benchmarks.state import REPO, parse_size, size_label
 from mouthguard.tiers.local import LocalTier
 
@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join([".venv/bin/python", "-m", "benchmarks.gpu", *options])
     try:
         machine = machine_line(root)
+        load_before = os.getloadavg()
         if device.type == "cuda":
             machine += f" GPU: {torch.cuda.get_device_name(device)}."
         state = build_state(parse_size(args.size), args.tensors, device)
@@ -366,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.advance(task)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    machine = f"{machine}\n\n{load_line(load_before, os.getloadavg())}"
     text = report(bench, nbytes, machine, command)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import shlex
 import shutil
 import statistics
@@ -42,7 +43,7 @@ from rich.table import Table
 
 import mouthguard
 from benchmarks.harness import progress_bar
-from benchmarks.report import machine_line
+from benchmarks.report import load_line, machine_line
 from benchmarks.state import REPO, build_state, parse_size, size_label, state_nbytes
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.service import BackgroundService
@@ -124,9 +125,13 @@ def timed_save(ckpt: mouthguard.Checkpointer, step: int, state: object) -> float
 
 
 def remove_steps(root: Path, steps: range) -> None:
-    for tier in ("fast", "durable"):
-        for step in steps:
-            shutil.rmtree(root / tier / RUN / f"{step:012d}", ignore_errors=True)
+    """Remove old steps from both tiers: every manifest first, so that a background pass
+    never finds one copy of a step gone and the other still committed (it would repair)."""
+    dirs = [root / tier / RUN / f"{step:012d}" for step in steps for tier in ("fast", "durable")]
+    for d in dirs:
+        (d / "manifest.json").unlink(missing_ok=True)
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 class Rounds:
@@ -280,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         machine = machine_line(root)
+        load_before = os.getloadavg()
         state = build_state(nbytes)
         rounds = Rounds(state, root)
         try:
@@ -292,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    machine = f"{machine}\n\n{load_line(load_before, os.getloadavg())}"
     text = report(rounds.rows, state_nbytes(state), len(state), machine, command)
     table = Table("mode", "median s", "rounds")
     for row in rounds.rows.values():

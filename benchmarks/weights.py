@@ -46,8 +46,8 @@ from safetensors.torch import load_file, save_file
 import mouthguard
 from benchmarks.harness import CacheDrop, paged_in, progress_bar
 from benchmarks.rawio import RawIO
-from benchmarks.report import machine_line
-from benchmarks.state import REPO, parse_size, size_label
+from benchmarks.report import load_line, machine_line
+from benchmarks.state import REPO, parse_size
 from mouthguard import weights
 
 DEFAULT_OUT = REPO / "docs" / "benchmarks-weights.md"
@@ -247,7 +247,7 @@ def report(loaders: Loaders, nbytes: int, machine: str, command: str, cache: str
         command,
         "```",
         "",
-        f"Model: {size_label(nbytes)} of fp16 Llama-shaped matrices, {len(loaders.state)} "
+        f"Model: {nbytes / 2**30:.2f} GiB of fp16 Llama-shaped matrices, {len(loaders.state)} "
         f"tensors, {len(loaders.files)} safetensors shards; target device `{loaders.device}`.",
         f"Page cache before each load: {cache}. Loads are interleaved and rotated; each is",
         "timed until every returned tensor's bytes are in memory (or on the device).",
@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = CacheDrop()
     try:
         machine = machine_line(root)
+        load_before = os.getloadavg()
         state = build_model(nbytes)
         model_bytes = sum(t.numel() * t.element_size() for t in state.values())
         with progress_bar(console) as progress:
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress.advance(task)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    machine = f"{machine}\n\n{load_line(load_before, os.getloadavg())}"
     text = report(loaders, model_bytes, machine, command, cache.describe())
     table = Table("loader", "median s", "GiB/s")
     for row in loaders.rows:
