@@ -78,7 +78,7 @@ def delete_copy(ref: CopyRef) -> int:
 
 
 def _first_damaged_other_copy(
-    view: CheckpointView, tier: str, when: dt.datetime, pause: Pause | None
+    view: CheckpointView, tier: str, when: dt.datetime, pause: Pause | None = None
 ) -> str | None:
     """Re-read every other copy before a demotion deletes this one; why not, if any fails.
 
@@ -177,7 +177,7 @@ def _apply(  # noqa: PLR0917 - one action's whole context, from one caller
             if fresh is None or fresh.facts.held:
                 return AppliedAction(run, step, action, False, "held since the decision: kept")
             if action.action == "demote":
-                damage = _first_damaged_other_copy(fresh, action.tier, when, pause)
+                damage = _first_damaged_other_copy(fresh, action.tier, when, pause=pause)
                 if damage is not None:
                     return AppliedAction(run, step, action, False, damage)
             done = delete_copy(ref) > 0

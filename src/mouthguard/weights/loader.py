@@ -166,11 +166,18 @@ def load(
                 "cached %s of %s is damaged: downloading it again", file.name, remote.description
             )
             opened.tier.delete(file.key)
-        opened, again = localize(remote, Path(cache_dir))  # type: ignore[arg-type]
+        opened, again = localize(remote, cache)
         downloaded += again
         done = _read_all(opened, options, [])
     result = LoadedWeights({}, opened.description, opened.kind, str(target), downloaded=downloaded)
     result.gds, result.gds_reason = use_gds, gds_reason
+    _collect(result, done)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _collect(result: LoadedWeights, done: list[tuple[FilePlan, list[torch.Tensor], int]]) -> None:
+    """Every file's tensors into ``result``, refusing a name that two files hold."""
     owner: dict[str, str] = {}
     for plan, outputs, read in done:
         for wanted, tensor in zip(plan.wanted, outputs, strict=True):
@@ -185,8 +192,6 @@ def load(
             result.nbytes += wanted.nbytes
         result.bytes_read += read
         (result.verified_files if plan.verify else result.unverified_files).append(plan.file.name)
-    result.seconds = time.perf_counter() - started
-    return result
 
 
 @dataclass(frozen=True)

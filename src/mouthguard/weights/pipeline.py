@@ -1,10 +1,10 @@
 """Executing a file's reads: parallel ranged reads, the checksum inline, copies to the device.
 
 One file's :class:`~mouthguard.weights.plan.Read` s are issued through
-:func:`~mouthguard.checkpoint.read_ahead.read_in_order` (several in flight on the
-shared reader pool, handed back in file order), so the checksum sees the bytes
-in order as they land and verification costs no second pass. Where each read
-lands:
+:func:`~mouthguard.checkpoint.host_ring.read_landings` (several in flight on the
+weights' own reader pool, handed back in file order), so the checksum sees the
+bytes in order as they land and verification costs no second pass. Where each
+read lands:
 
 * straight in the returned tensor, when the tensor is in host memory and the
   read is all one tensor's bytes (no copy at all);
