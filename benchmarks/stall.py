@@ -156,14 +156,28 @@ class Rounds:
         self.step += 1
         return self.step
 
-    def once(self) -> None:
+    def once(self, rotation: int) -> None:
+        """One round: the memcpy reference, then every mode in an order rotated by round.
+
+        Rotating matters: what ran just before (a fresh 1 GiB buffer freed, a
+        replication finishing) changes the next memcpy by tens of percent on a VM.
+        """
         self.rows[MEMCPY].times.append(memcpy_seconds(self.state, self.copy))
-        self._first()
+        modes = [self._first, self._steady, self._yielding, self._bypassed]
+        shift = rotation % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
+            mode()
+
+    def _steady(self) -> None:
         self.rows[STEADY].times.append(timed_save(self.steady, self._next(), self.state))
         remove_steps(self.root / "steady", range(1, self.step - 1))
-        for name, (ckpt, service) in self.replicating.items():
-            with gate_bypassed() if name == NOT_YIELDING else contextlib.nullcontext():
-                self._in_flight(self.rows[name], ckpt, service)
+
+    def _yielding(self) -> None:
+        self._in_flight(self.rows[YIELDING], *self.replicating[YIELDING])
+
+    def _bypassed(self) -> None:
+        with gate_bypassed():
+            self._in_flight(self.rows[NOT_YIELDING], *self.replicating[NOT_YIELDING])
 
     def _first(self) -> None:
         """A new Checkpointer's first save, with and without prepare (fresh staging each)."""
@@ -221,8 +235,9 @@ def report(rows: dict[str, Row], nbytes: int, n_tensors: int, machine: str, comm
         "```",
         "",
         f"State: {size_label(nbytes)} of fp32 ({n_tensors} tensors, CPU), {len(memcpy)} rounds,",
-        "modes interleaved within each round. Every figure is the time `save_async` blocked",
-        "the caller (call to return); each save's predecessor had committed first, so no",
+        "modes interleaved within each round, their order rotated from round to round.",
+        "Every figure is the time `save_async` blocked the caller (call to return); each",
+        "save's predecessor had committed first, so no",
         "figure includes waiting for a previous save. Ratios are per round, against that",
         "round's memcpy (median of three copies into an already touched copy of the state).",
         "*in flight* counts the rounds in which the background service was replicating the",
@@ -291,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with progress_bar(console) as progress:
                 task = progress.add_task(f"{size_label(nbytes)}: rounds", total=args.rounds)
-                for _ in range(args.rounds):
-                    rounds.once()
+                for r in range(args.rounds):
+                    rounds.once(r)
                     progress.advance(task)
         finally:
             rounds.close()
