@@ -14,6 +14,19 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def progress_bar(console: Console) -> Progress:
+    """The benchmarks' rich progress bar: what runs, a bar, done/total, time elapsed."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
 
 
 class Ticker(Protocol):

@@ -348,5 +348,8 @@ TARGETS = [
     "tensors reaches 0.9 of a raw parallel read and 1.3 times",
     '`safetensors.load_file(device="cuda")`; the stall while the previous save is still',
     "replicating stays within 1.25 times a memcpy. On this CPU run the first-save stall is",
-    "reported as context.",
+    "reported as context. `python -m benchmarks.gpu` measures the GPU targets on a GPU",
+    "machine, `python -m benchmarks.stall` the stall with replication in flight and the",
+    "first save after `prepare`, `python -m benchmarks.weights` model weight loading",
+    "(see docs/accelerator.md).",
 ]

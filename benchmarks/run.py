@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, TaskID
 
 from benchmarks import memory, multirank
-from benchmarks.harness import CacheDrop, Harness
+from benchmarks.harness import CacheDrop, Harness, progress_bar
 from benchmarks.mouthguard_ops import Mouthguard
 from benchmarks.peers import Peers
 from benchmarks.report import SizeRun, document, load_line, machine_line, size_section
@@ -154,13 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
+        with progress_bar(console) as progress:
             task = progress.add_task(f"files per checkpoint: {multirank.WORLD_SIZE} ranks", total=1)
             files = multirank.measure(root)
             progress.update(task, completed=1)

@@ -56,13 +56,17 @@ ALLOWED: dict[str, set[str]] = {
     "kvcache": {"errors", "policy", "tiers", "kvcache"},
     # Trainer plug-ins (Lightning, Hugging Face): adapters above checkpoint, as dcp is.
     "integrations": _BASE | {"checkpoint", "integrations"},
+    # Inference cold start: weights files (HF directories, checkpoints) into device memory,
+    # through the checkpoint layer's verified manifests, read-ahead and host ring.
+    "weights": _BASE | {"checkpoint", "weights"},
     "demo": _BASE | {"checkpoint", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},
     # The operator's web page and metrics: reads what checkpoint, jobs (the retention
     # plan) and data describe; the CLI's `serve` starts it.
     "dashboard": _BASE | {"checkpoint", "jobs", "data", "dashboard"},
-    "cli": _BASE | {"checkpoint", "jobs", "demo", "plan", "chaos", "data", "dashboard", "cli"},
+    "cli": _BASE
+    | {"checkpoint", "jobs", "demo", "plan", "chaos", "data", "weights", "dashboard", "cli"},
 }
 
 

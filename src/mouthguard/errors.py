@@ -225,3 +225,13 @@ class KVCacheError(MouthguardError):
 
 class KVCacheBusyError(KVCacheError):
     """Another process (or another open ``KVStore``) already owns the disk directory."""
+
+
+class WeightsError(MouthguardError):
+    """Model weights cannot be loaded as asked (``mouthguard.weights``).
+
+    A source that is neither a safetensors model directory nor a checkpoint, an
+    index naming a file that is not there, a tensor-parallel split that does not
+    divide a tensor, a device that is not available. Damaged bytes raise the
+    format's own errors (``ChecksumMismatchError``, ``RankFileError``).
+    """

@@ -147,6 +147,39 @@ def test_the_staging_buffer_is_reused_not_regrown(ckpt: mouthguard.Checkpointer)
     assert staging.capacity == 0
 
 
+def test_prepare_reserves_the_staging_the_first_save_then_uses(
+    ckpt: mouthguard.Checkpointer,
+) -> None:
+    state = _state()
+    staging = ckpt._saves.saver.staging
+    assert staging.capacity == 0
+    reserved = ckpt.prepare(state)
+    assert reserved >= sum(t.numel() * t.element_size() for t in _tensors(state))
+    capacity = staging.capacity
+    pointer = staging.reserve(1, pinned=False).data_ptr()
+    ckpt.save_async(1, state).result(timeout=60)
+    # The first save snapshotted into the prepared buffer: nothing allocated in its stall.
+    assert staging.capacity == capacity
+    assert staging.reserve(1, pinned=False).data_ptr() == pointer
+    assert_same(ckpt.load(1).state, state)
+    assert ckpt.prepare(state) == reserved  # again: same buffer, nothing regrown
+    assert staging.reserve(1, pinned=False).data_ptr() == pointer
+
+
+def test_prepare_refuses_state_that_needs_pickle(ckpt: mouthguard.Checkpointer) -> None:
+    with pytest.raises(UnsupportedStateError):
+        ckpt.prepare({"w": torch.ones(3), "bad": object()})
+    assert ckpt._saves.saver.staging.capacity == 0
+
+
+def _tensors(state: object) -> list[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in _tensors(v)]
+    return []
+
+
 def test_an_error_in_the_background_is_raised_by_result_and_logged(
     ckpt: mouthguard.Checkpointer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -318,3 +318,12 @@ def test_a_fallback_is_reported_once(
         assert ckpt.load().step == 1
     assert len(record) == 1
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_load_creates_tensors_on_the_device_asked_for(ckpt: mouthguard.Checkpointer) -> None:
+    ckpt.save(1, {"w": torch.arange(10.0)})
+    loaded = ckpt.load(1, device="cpu").state
+    assert isinstance(loaded, dict)
+    assert loaded["w"].device.type == "cpu" and torch.equal(loaded["w"], torch.arange(10.0))
+    with pytest.raises(ValueError, match="'no-such-device' is not a device"):
+        ckpt.load(1, device="no-such-device")

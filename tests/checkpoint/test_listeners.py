@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import mouthguard
+from mouthguard.checkpoint.staging import snapshot as real_snapshot
 from mouthguard.checkpoint.store import Store, install_default_listener
+from mouthguard.errors import FormatError
 from mouthguard.tiers.local import LocalTier
 from tests.checkpoint.helpers import RecordingListener as Recorder
 from tests.checkpoint.helpers import flip_byte
@@ -101,3 +104,36 @@ def test_the_default_listener_serves_every_store_made_without_one(tmp_path: Path
     finally:
         install_default_listener(previous)
     assert ("commit", "r", 1) in recorder.events
+
+
+def test_an_async_save_s_burst_begins_before_its_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Background jobs must already be paused while the training loop waits for the
+    # snapshot, not only once the background write starts.
+    recorder = Recorder()
+
+    def snapshot(*args: Any) -> None:
+        recorder.events.append(("snapshot",))
+        real_snapshot(*args)
+
+    monkeypatch.setattr("mouthguard.checkpoint.saving.snapshot", snapshot)
+    ckpt = mouthguard.Checkpointer(_store(tmp_path, recorder), run="r")
+    ckpt.save_async(1, {"w": torch.ones(3)}).result()
+    assert recorder.events == [("started",), ("snapshot",), ("finished",), ("commit", "r", 1)]
+
+
+def test_a_failed_snapshot_still_finishes_its_burst(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = Recorder()
+
+    def snapshot(*_args: Any) -> None:
+        raise FormatError("tensor changed size while being saved")
+
+    monkeypatch.setattr("mouthguard.checkpoint.saving.snapshot", snapshot)
+    ckpt = mouthguard.Checkpointer(_store(tmp_path, recorder), run="r")
+    with pytest.raises(FormatError):
+        ckpt.save_async(1, {"w": torch.ones(3)})
+    assert recorder.events == [("started",), ("finished",)]
+    assert not ckpt.exists(1)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from typing_extensions import override
 
 import mouthguard
 from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
@@ -17,6 +18,7 @@ from mouthguard.jobs.replicator import ReplicationReport, Replicator, Shortfall
 from mouthguard.tiers.base import PutData, PutMode, Tier, iter_buffers
 from mouthguard.tiers.posix import get_xattrs
 from mouthguard.tiers.throttle import ThrottledTier
+from mouthguard.tiers.wrapper import WrappedTier
 from tests.checkpoint.helpers import flip_byte
 from tests.fake_clock import FakeClock
 
@@ -208,3 +210,47 @@ def _never(_: object) -> Iterator[bytes]:  # pragma: no cover - keeps Tier impor
 
 
 _ = (Tier, _never)
+
+
+class _ReadClock(WrappedTier):
+    """Records the fake time of every read of a rank file (manifests and sidecars aside)."""
+
+    def __init__(self, inner: Tier, clock: FakeClock) -> None:
+        super().__init__(inner)
+        self.clock = clock
+        self.reads: list[float] = []
+
+    @override
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        self._saw(key)
+        return super().get(key, start, end)
+
+    @override
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        self._saw(key)
+        super().read_into(key, offset, out)
+
+    def _saw(self, key: str) -> None:
+        if key.endswith(".safetensors"):
+            self.reads.append(self.clock.monotonic())
+
+
+def test_every_read_of_a_replication_waits_for_the_save_in_flight(tmp_path: Path) -> None:
+    # Confirming the new copy, copying it and reading the copy back each read the
+    # whole checkpoint: none of them may start while a save is in flight.
+    from tests.jobs.conftest import make_store  # noqa: PLC0415
+
+    plain = make_store(tmp_path / "s", ("fast", "node-a"), ("durable", "node-b"))
+    mouthguard.Checkpointer(plain, run="r", background=False).save(1, {"w": torch.ones(1 << 16)})
+    clock = FakeClock()
+    fast, durable = (_ReadClock(plain.tier(n), clock) for n in ("fast", "durable"))
+    store = mouthguard.Store([fast, durable], policy=plain.policy)
+    gate = BurstGate(clock=clock)
+    gate.save_started()
+    clock.call_later(4.0, gate.save_finished)
+    finished = clock.monotonic() + 4.0
+    report = Replicator(store, gate=gate, clock=clock).replicate("r", 1)
+    assert [c.destination for c in report.copies] == ["durable"]
+    assert fast.reads and durable.reads  # the source was read, the copy read back
+    assert min(fast.reads + durable.reads) >= finished
+    assert gate.yielded_seconds == 4.0

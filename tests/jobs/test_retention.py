@@ -86,3 +86,25 @@ def test_a_hold_placed_after_trashing_lifts_the_mark(two_tier: mouthguard.Store)
     info = ckpt.info(1)
     assert info is not None and all(c.trashed_at is None for c in info.copies)
     assert 1 in _steps(ckpt)
+
+
+def test_every_action_waits_for_the_pause_first(two_tier: mouthguard.Store) -> None:
+    # The background service passes its burst gate's wait: no trash mark, purge or
+    # demotion re-read is made while a save is in flight.
+    ckpt = _fill(two_tier, range(1, 6))
+    marks_when_paused: list[int] = []
+
+    def pause() -> None:
+        marks_when_paused.append(
+            sum(c.trashed_at is not None for i in ckpt.list() for c in i.copies)
+        )
+
+    report = apply_retention(two_tier, now=time.time(), pause=pause)
+    assert report.count("trash") == 4
+    # One pause before each action, every one before that action's mark was made.
+    assert len(marks_when_paused) == len(report.actions)
+    done = [a.done for a in report.actions]
+    assert marks_when_paused == [sum(done[:i]) for i in range(len(done))]
+    # A dry run acts on nothing and so never waits.
+    assert apply_retention(two_tier, now=time.time(), dry_run=True, pause=pause).actions
+    assert len(marks_when_paused) == len(report.actions)

@@ -187,6 +187,22 @@ class Checkpointer:
         """
         return self._saves.save_async(step, state, importance, reference)
 
+    def prepare(self, state: object) -> int:
+        """Make the staging buffer of :meth:`save_async` ready for ``state``; return its bytes.
+
+        The first async save otherwise pays, inside its stall, for allocating the
+        buffer -- page-locking it when tensors are on CUDA, which costs seconds for
+        gigabytes -- and for faulting in its pages. Called once before the training
+        loop (or whenever the state grows), it moves that cost off the training
+        path: the first ``save_async`` then stalls like every later one. Only the
+        layout is computed; no tensor byte is copied. Calling it again with a state
+        of the same size costs one write per page; the buffer only ever grows.
+
+        Raises:
+            UnsupportedStateError: ``state`` holds something that needs pickle.
+        """
+        return self._saves.prepare(state)
+
     def flush(self) -> None:
         """Block until the async save in flight (if any) has finished."""
         self._saves.saver.wait_previous()
@@ -340,7 +356,9 @@ class Checkpointer:
 
     # --- load ------------------------------------------------------------------
 
-    def load(self, step: int | None = None, into: object = None) -> LoadedCheckpoint:
+    def load(
+        self, step: int | None = None, into: object = None, *, device: Any = None
+    ) -> LoadedCheckpoint:
         """Load a checkpoint, verifying every byte.
 
         Args:
@@ -348,9 +366,14 @@ class Checkpointer:
                 falling back past damaged ones with a :class:`CheckpointFallbackWarning`.
             into: optional state whose tensors (matched by key path, same dtype and
                 shape) are filled in place and returned instead of new tensors. If
-                every candidate fails, their contents are undefined.
+                every candidate fails, their contents are undefined. Tensors on a
+                GPU are filled there directly, through a small ring of pinned host
+                buffers (reads, checksum and copies overlap).
+            device: where tensors that ``into`` does not give are created
+                (``"cuda"``, ``torch.device(...)``; default: the CPU), the same way.
 
         Raises:
+            ValueError: ``device`` names no device.
             CheckpointNotFoundError: nothing is committed (for ``step``, or at all).
             CorruptCheckpointError: every copy of the requested ``step`` is damaged.
             NoValidCheckpointError: ``step=None`` and no checkpoint is valid.
@@ -362,7 +385,15 @@ class Checkpointer:
         """
         if step is not None:
             catalog.validate_step(step)
-        loader = Loader(self.store, self.run, self.ranks, self.manifest_keys)
+        target = None
+        if device is not None:
+            import torch  # noqa: PLC0415 - torch is loaded by whoever asks for a device
+
+            try:
+                target = torch.device(device)
+            except RuntimeError as exc:
+                raise ValueError(f"{device!r} is not a device: {exc}") from None
+        loader = Loader(self.store, self.run, self.ranks, self.manifest_keys, target)
         # Every rank walks the coordinator's list, so all try the same steps in order.
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         listed = self.ranks.broadcast(list(candidates))

@@ -18,6 +18,7 @@ import builtins
 import logging
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
@@ -39,6 +40,9 @@ from mouthguard.format.manifest import Manifest
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
 _MISMATCH = "mismatch: "
@@ -53,6 +57,8 @@ class Loader:
     ranks: RankGroup
     #: Manifest keys: when set, only validly signed manifests are loaded.
     keys: Keyring | None = None
+    #: Where new tensors are created (None: the CPU); see ``reader.load_copy``.
+    device: torch.device | None = None
 
     def first_valid(
         self,
@@ -115,7 +121,9 @@ class Loader:
                 manifest = read_manifest(tier, self.run, step, self.keys)
                 if not self._loadable(manifest, fallback=fallback):
                     return None
-                state = load_copy(tier, prefix, manifest, rank=self.ranks.rank, into=into)
+                state = load_copy(
+                    tier, prefix, manifest, rank=self.ranks.rank, into=into, device=self.device
+                )
             except StateMismatchError:
                 raise
             except MouthguardError as exc:

@@ -31,19 +31,26 @@ _READERS = IOPool(READER_THREADS, "mouthguard-read")
 
 
 def read_in_order(
-    tier: Tier, key: str, jobs: Iterable[tuple[int, memoryview]]
+    tier: Tier,
+    key: str,
+    jobs: Iterable[tuple[int, memoryview]],
+    *,
+    ahead: int = READ_AHEAD,
+    pool: IOPool | None = None,
 ) -> Iterator[memoryview]:
     """Fill each ``(offset, view)`` from object ``key``; yield the views in job order.
 
     A buffer may be reused by a later job only after it has been yielded and
-    the caller has asked for the next one (at most ``READ_AHEAD + 1`` buffers
-    are live). A failed read raises its tier error when its turn comes.
+    the caller has asked for the next one (at most ``ahead + 1`` buffers are
+    live). A failed read raises its tier error when its turn comes. ``pool``:
+    the threads that read (default: the shared checkpoint readers).
     """
+    readers = _READERS if pool is None else pool
     pending: deque[tuple[Future[None], memoryview]] = deque()
     try:
         for offset, view in jobs:
-            pending.append((_READERS.submit(tier.read_into, key, offset, view), view))
-            if len(pending) >= READ_AHEAD:
+            pending.append((readers.submit(tier.read_into, key, offset, view), view))
+            if len(pending) >= ahead:
                 future, filled = pending.popleft()
                 future.result()
                 yield filled

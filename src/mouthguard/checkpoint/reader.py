@@ -17,11 +17,12 @@ left it raises, and the ``into`` contents are then undefined.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint.catalog import manifest_key
+from mouthguard.checkpoint.host_ring import HostRing, Landing, device_bytes, read_landings
 from mouthguard.checkpoint.read_ahead import READ_AHEAD, read_in_order
 from mouthguard.errors import (
     ChecksumMismatchError,
@@ -50,6 +51,11 @@ if TYPE_CHECKING:
 
 READ_CHUNK_BYTES = 16 * 1024 * 1024
 
+#: Called between the chunks of a verifying read, from the reading thread; it may
+#: block (bounded) to let a checkpoint save have the disk. Background jobs pass
+#: their burst gate's ``wait``; foreground reads pass nothing.
+Pause = Callable[[], object]
+
 
 def read_manifest(tier: Tier, run: str, step: int, keys: Keyring | None = None) -> Manifest:
     """Read and validate the manifest of ``run``/``step`` on ``tier``.
@@ -72,11 +78,20 @@ def read_manifest(tier: Tier, run: str, step: int, keys: Keyring | None = None) 
 
 @dataclass
 class _Target:
-    """One tensor being read: the bytes to fill and the tensor that owns them."""
+    """One tensor being read: the bytes to fill and the tensor that owns them.
+
+    A tensor in host memory is filled by the reads themselves; one on a device
+    (``staged``) through the host ring, its copies overlapping the next reads.
+    """
 
     record: TensorRecord
     tensor: torch.Tensor
     copy_to: torch.Tensor | None = None  # an ``into`` tensor filled after verification
+
+    @property
+    def staged(self) -> bool:
+        """Whether the bytes go through the host ring to a device."""
+        return self.tensor.device.type != "cpu"
 
 
 def _check_object(tier: Tier, key: str, record: FileRecord) -> None:
@@ -115,19 +130,37 @@ def _read_header(tier: Tier, key: str, record: FileRecord, hasher: StreamHasher)
     return bytes(header)
 
 
-def _chunks(view: memoryview) -> Iterator[tuple[int, memoryview]]:
-    for start in range(0, view.nbytes, READ_CHUNK_BYTES):
-        yield start, view[start : start + READ_CHUNK_BYTES]
+def _landings(targets: list[_Target]) -> Iterator[Landing]:
+    """Every target's bytes in chunks: straight into host tensors, through the ring otherwise."""
+    for target in targets:
+        offset, length = target.record.offset, target.record.length
+        if target.staged:
+            flat = device_bytes(target.tensor)
+            for start in range(0, length, READ_CHUNK_BYTES):
+                n = min(READ_CHUNK_BYTES, length - start)
+                yield Landing(offset + start, n, parts=((0, n, flat[start : start + n]),))
+            continue
+        view = byte_view(target.tensor)
+        for start in range(0, length, READ_CHUNK_BYTES):
+            chunk = view[start : start + READ_CHUNK_BYTES]
+            yield Landing(offset + start, chunk.nbytes, direct=chunk)
 
 
-def verify_file(tier: Tier, prefix: str, manifest: Manifest, record: FileRecord) -> None:
+def verify_file(
+    tier: Tier, prefix: str, manifest: Manifest, record: FileRecord, *, pause: Pause | None = None
+) -> None:
     """Read every byte of one file and check size, header and checksums.
+
+    ``pause`` is called before every chunk (see :data:`Pause`); reads already in
+    flight finish, no new one starts until it returns.
 
     Raises:
         ObjectNotFoundError: the file is missing.
         ChecksumMismatchError, RankFileError: the bytes are not what was committed.
     """
     key = prefix + record.name
+    if pause is not None:
+        pause()
     _check_object(tier, key, record)
     hasher = StreamHasher(with_sha256=record.sha256 is not None)
     header = _read_header(tier, key, record, hasher)
@@ -135,21 +168,34 @@ def verify_file(tier: Tier, prefix: str, manifest: Manifest, record: FileRecord)
     size = min(READ_CHUNK_BYTES, max(record.size - record.data_offset, 1))
     # READ_AHEAD + 1 buffers in rotation: a buffer is refilled only after it was hashed.
     scratch = [memoryview(bytearray(size)) for _ in range(READ_AHEAD + 1)]
-    jobs = (
+    jobs: Iterator[tuple[int, memoryview]] = (
         (offset, scratch[i % len(scratch)][: min(size, record.size - offset)])
         for i, offset in enumerate(range(record.data_offset, record.size, size))
     )
+    if pause is not None:
+        jobs = _paused(jobs, pause)
     for chunk in read_in_order(tier, key, jobs):
         hasher.update(chunk)
     _verify_digest(hasher, record)
 
 
-def verify_copy(tier: Tier, prefix: str, manifest: Manifest) -> None:
-    """Verify every file of a checkpoint copy and the skeleton's tensor references."""
+def _paused(
+    jobs: Iterator[tuple[int, memoryview]], pause: Pause
+) -> Iterator[tuple[int, memoryview]]:
+    for job in jobs:
+        pause()
+        yield job
+
+
+def verify_copy(tier: Tier, prefix: str, manifest: Manifest, *, pause: Pause | None = None) -> None:
+    """Verify every file of a checkpoint copy and the skeleton's tensor references.
+
+    ``pause``: called between chunks, so a background verification yields (:data:`Pause`).
+    """
     for rank in range(manifest.world_size):
         _check_references(manifest, rank)
     for record in manifest.files:
-        verify_file(tier, prefix, manifest, record)
+        verify_file(tier, prefix, manifest, record, pause=pause)
 
 
 def _rank_file(manifest: Manifest, rank: int) -> FileRecord:
@@ -174,7 +220,9 @@ def _into_targets(into: object) -> dict[str, torch.Tensor]:
     return {typed_json.format_key_path(parts): t for parts, t in iter_tensors(into)}
 
 
-def _plan(manifest: Manifest, rank: int, into_map: dict[str, torch.Tensor]) -> list[_Target]:
+def _plan(
+    manifest: Manifest, rank: int, into_map: dict[str, torch.Tensor], device: torch.device | None
+) -> list[_Target]:
     # Here, not at the top: verifying and listing copies (the CLI) must not import torch.
     import torch  # noqa: PLC0415
 
@@ -193,17 +241,23 @@ def _plan(manifest: Manifest, rank: int, into_map: dict[str, torch.Tensor]) -> l
                     f"{path}: checkpoint has {dtype} {list(record.shape)}, "
                     f"into= has {dest.dtype} {list(dest.shape)}"
                 )
-            if dest.device.type == "cpu" and dest.is_contiguous():
-                targets.append(_Target(record, dest))
+            if dest.device.type in {"cpu", "cuda"} and dest.is_contiguous():
+                targets.append(_Target(record, dest))  # filled in place, also on a GPU
                 continue
             targets.append(_Target(record, torch.empty(record.shape, dtype=dtype), copy_to=dest))
             continue
-        targets.append(_Target(record, torch.empty(record.shape, dtype=dtype)))
+        targets.append(_Target(record, torch.empty(record.shape, dtype=dtype, device=device)))
     return targets
 
 
 def load_copy(
-    tier: Tier, prefix: str, manifest: Manifest, *, rank: int = 0, into: object = None
+    tier: Tier,
+    prefix: str,
+    manifest: Manifest,
+    *,
+    rank: int = 0,
+    into: object = None,
+    device: torch.device | None = None,
 ) -> object:
     """Load rank ``rank``'s state from one copy, verifying every byte.
 
@@ -214,6 +268,10 @@ def load_copy(
         rank: which rank's file and state to load.
         into: optional state whose tensors (matched by key path) are filled in place
             and returned in the result instead of new tensors.
+        device: where tensors not given by ``into`` are created (default: the CPU).
+            Tensors on a CUDA device, new or ``into``, are filled through a small
+            ring of pinned host buffers: reads, checksum and host-to-device copies
+            overlap, and host memory stays at the ring's size.
 
     Raises:
         ObjectNotFoundError, ChecksumMismatchError, RankFileError, ManifestError:
@@ -224,16 +282,13 @@ def load_copy(
     key = prefix + record.name
     _check_object(tier, key, record)  # the real size bounds every allocation below
     into_map = _into_targets(into) if into is not None else {}
-    targets = _plan(manifest, rank, into_map)
+    targets = _plan(manifest, rank, into_map, device)
     hasher = StreamHasher(with_sha256=record.sha256 is not None)
     header = _read_header(tier, key, record, hasher)
     _check_header(header, record, [t.record for t in targets])
-    jobs = (
-        (target.record.offset + start, chunk)
-        for target in targets
-        for start, chunk in _chunks(byte_view(target.tensor))
-    )
-    for chunk in read_in_order(tier, key, jobs):
+    staged = next((t.tensor.device for t in targets if t.staged), None)
+    ring = None if staged is None else HostRing(staged, slots=READ_AHEAD + 1)
+    for chunk in read_landings(tier, key, _landings(targets), ring):
         hasher.update(chunk)
     _verify_digest(hasher, record)
 

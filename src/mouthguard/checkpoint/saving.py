@@ -3,13 +3,20 @@
 One save, synchronous or not, runs the same steps::
 
     wait for the async save in flight        (one at a time: saves commit in call order)
+    [async: listener.save_started()]         background jobs yield from the snapshot on
     flatten the state; what the manifest records besides tensors (SaveRequest)
     [async: lay out the rank file, snapshot the state into the staging buffer, return]
-    listener.save_started()                  background copies yield the disk
+    [sync: listener.save_started()]          background copies yield the disk
     committer.commit_save(fast tier, ...)    every rank's file, then the manifest
     listener.save_finished()                 also when the save failed
     after_commit: hint down, listener.notify_commit   (coordinator only)
     the CheckpointInfo handed back
+
+An async save's burst starts before its snapshot: the snapshot is the part of
+the save the training loop waits for, and a replication, scrub or retention
+read running beside it (memory bandwidth, CPU for hashing, the disk) would
+stretch it. The burst ends when the commit does, so one ``save_started`` is
+always paired with one ``save_finished`` (:class:`_Burst`).
 
 A rank that fails before it can write (state that needs pickle) still takes
 part in the commit's collectives with its failure, so its peers raise
@@ -19,6 +26,7 @@ part in the commit's collectives with its failure, so its peers raise
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -26,7 +34,7 @@ from dataclasses import replace
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import AsyncSaver, SaveHandle, Snapshot
 from mouthguard.checkpoint.commit import after_commit
-from mouthguard.checkpoint.committer import RankWriter, SaveRequest, commit_save
+from mouthguard.checkpoint.committer import SaveRequest, commit_save
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.ranks import RankGroup
@@ -103,9 +111,26 @@ class SavePipeline:
                 with_sha256=self.with_sha256,
             )
 
-        manifest = self._commit_on_fast(request, write_rank)
+        burst = _Burst(self.listener())
+        burst.begin()  # background copies yield the disk to this burst
+        try:
+            manifest = commit_save(self.store.fast, request, write_rank, self.ranks)
+        finally:
+            burst.end()
         elapsed = time.perf_counter() - started
         return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=elapsed)
+
+    def prepare(self, state: object) -> int:
+        """``Checkpointer.prepare``: reserve and fault in the staging for ``state``; its bytes.
+
+        Waits for the async save in flight first (its image lives in the buffer).
+        """
+        self.saver.wait_previous()
+        flat = flatten_state(state)
+        layout = layout_for(flat, self._file_metadata(0))
+        image = self.saver.staging.reserve(layout.size, pinned=needs_pinned(flat))
+        self.saver.staging.prefault()
+        return int(image.numel())
 
     def save_async(
         self,
@@ -119,12 +144,15 @@ class SavePipeline:
         level = parse_importance(importance)
         catalog.validate_step(step)
         waited = self.saver.wait_previous()
+        burst = _Burst(self.listener())
+        burst.begin()  # background jobs pause from the snapshot on, not only for the write
         try:
             flat, request = self._request(step, state, level, reference)
             layout = layout_for(flat, self._file_metadata(step))
             image = self.saver.staging.reserve(layout.size, pinned=needs_pinned(flat))
             snapshot(flat, layout, image)
         except Exception as exc:
+            burst.end()
             if self.ranks.world_size > 1:
                 # The peers' background jobs are entering the commit collectives:
                 # join them with the failure, in the background like theirs.
@@ -154,7 +182,10 @@ class SavePipeline:
             )
 
         def job() -> CheckpointInfo:
-            manifest = self._commit_on_fast(request, write_rank)
+            try:
+                manifest = commit_save(self.store.fast, request, write_rank, self.ranks)
+            finally:
+                burst.end()
             elapsed = time.perf_counter() - entered
             return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=stall)
 
@@ -197,17 +228,6 @@ class SavePipeline:
             "rank": str(self.ranks.rank),
         }
 
-    def _commit_on_fast(self, request: SaveRequest, write_rank: RankWriter) -> Manifest:
-        """Write and commit on the fast tier while background copies yield the disk."""
-        listener = self.listener()
-        if listener is not None:
-            listener.save_started()  # background copies yield the disk to this burst
-        try:
-            return commit_save(self.store.fast, request, write_rank, self.ranks)
-        finally:
-            if listener is not None:
-                listener.save_finished()
-
     def _after_commit(
         self, manifest: Manifest, level: Importance, *, save_seconds: float, stall_seconds: float
     ) -> CheckpointInfo:
@@ -236,6 +256,35 @@ def _timing(mode: str, started: float, *, stall: float | None) -> SaveTiming:
     """The save's timing now (``started`` on ``perf_counter``); a sync save stalls throughout."""
     seconds = time.perf_counter() - started
     return SaveTiming(mode, seconds, seconds if stall is None else stall)
+
+
+class _Burst:
+    """One save's burst as the listener hears it: begun at most once, ended exactly once after.
+
+    ``end`` may be called from another thread than ``begin`` (an async save ends
+    its burst in the background job) and more than once (only the first counts).
+    """
+
+    def __init__(self, listener: CheckpointListener | None) -> None:
+        self._listener = listener
+        self._open = False
+        self._lock = threading.Lock()
+
+    def begin(self) -> None:
+        """Tell the listener a save started (background jobs pause at their next chunk)."""
+        with self._lock:
+            if self._listener is None or self._open:
+                return
+            self._open = True
+        self._listener.save_started()
+
+    def end(self) -> None:
+        """Tell the listener the save ended, if it was told it began."""
+        with self._lock:
+            if self._listener is None or not self._open:
+                return
+            self._open = False
+        self._listener.save_finished()
 
 
 def _reference_json(reference: Mapping[str, object] | None) -> JsonValue:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.reader import read_manifest, verify_copy
+from mouthguard.checkpoint.reader import Pause, read_manifest, verify_copy
 from mouthguard.checkpoint.sidecars import CopyRef, clear_damage, report_damage, write_receipt
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError, ObjectNotFoundError, is_data_damage
@@ -114,6 +114,7 @@ def verify_and_record(
     keys: Keyring | None = None,
     record: bool = True,
     now: Callable[[], dt.datetime] = _utc_now,
+    pause: Pause | None = None,
 ) -> Verdict:
     """Read every byte of the committed copy ``ref``, judge it, and record the judgement.
 
@@ -124,12 +125,15 @@ def verify_and_record(
     any damage report; ``damaged`` writes a damage report (which also withdraws
     the receipt); ``unreachable`` writes nothing. A failed write changes only
     ``record_error``, never the status.
+
+    ``pause`` is called between chunks of the read: background jobs pass their
+    burst gate's ``wait`` so that a long read-back yields the disk to a save.
     """
     location = ref.tier.location(ref.prefix)
     manifest: Manifest | None = None
     try:
         manifest = read_manifest(ref.tier, ref.run, ref.step, keys)
-        verify_copy(ref.tier, ref.prefix, manifest)
+        verify_copy(ref.tier, ref.prefix, manifest, pause=pause)
         raw = ref.tier.get(catalog.manifest_key(ref.run, ref.step)) if record else b""
     except MouthguardError as exc:
         nbytes = manifest.nbytes if manifest is not None else 0

@@ -19,15 +19,21 @@ Commit protocol:
   objects are invisible garbage.
 
 Checksums are computed on the bytes as they stream to the tier, so there is no
-second pass over the data.
+second pass over the data. Tensors on a GPU stream through a small ring of pinned
+host buffers (:mod:`~mouthguard.checkpoint.host_ring`): the next chunks' device-to-host
+copies run while the current one is hashed and written, and host memory stays at
+the ring's size however large the state.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint.catalog import checkpoint_prefix, partial_prefix, rank_file_name
+from mouthguard.checkpoint.host_ring import HostRing, device_bytes, stream_from_device
 from mouthguard.errors import CheckpointExistsError, FormatError, ObjectExistsError
 from mouthguard.format.checksum import StreamHasher
 from mouthguard.format.dtypes import dtype_code
@@ -36,6 +42,9 @@ from mouthguard.format.rank_file import RankFileLayout, build_layout, byte_view
 from mouthguard.format.state_tree import FlatState
 from mouthguard.tiers.base import PutMode, StableChunks, Tier
 from mouthguard.version import VERSION
+
+if TYPE_CHECKING:
+    import torch
 
 #: Slices small enough that a slice just checksummed is still in cache when written.
 WRITE_CHUNK_BYTES = 8 * 1024 * 1024
@@ -63,19 +72,29 @@ def _stream(flat: FlatState, layout: RankFileLayout, hasher: StreamHasher) -> It
     header = memoryview(layout.header)
     hasher.update(header)
     yield header
-    for stored, entry in zip(flat.tensors, layout.entries, strict=True):
-        # One tensor at a time: a contiguous CPU copy only when the tensor needs it.
-        tensor = stored.tensor.detach()
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
-        tensor = tensor.contiguous()
-        data = byte_view(tensor)
-        if data.nbytes != entry.length:
+    pairs = list(zip(flat.tensors, layout.entries, strict=True))
+    for stored, entry in pairs:
+        if stored.tensor.numel() * stored.tensor.element_size() != entry.length:
             raise FormatError(f"tensor {stored.name!r} changed size while being saved")
-        for start in range(0, data.nbytes, WRITE_CHUNK_BYTES):
-            chunk = data[start : start + WRITE_CHUNK_BYTES]
+    # Consecutive tensors on one device stream through one ring, so device-to-host
+    # copies run ahead across tensor boundaries while the disk writes.
+    for device, run in itertools.groupby(pairs, key=lambda p: p[0].tensor.device):
+        if device.type == "cpu":
+            chunks = _host_chunks(stored.tensor for stored, _ in run)
+        else:
+            ring = HostRing(device, slot_bytes=WRITE_CHUNK_BYTES)
+            chunks = stream_from_device((device_bytes(s.tensor) for s, _ in run), ring)
+        for chunk in chunks:
             hasher.update(chunk)
             yield chunk
+
+
+def _host_chunks(tensors: Iterable[torch.Tensor]) -> Iterator[memoryview]:
+    for tensor in tensors:
+        # One tensor at a time: a contiguous copy only when the tensor needs it.
+        data = byte_view(tensor.detach().contiguous())
+        for start in range(0, data.nbytes, WRITE_CHUNK_BYTES):
+            yield data[start : start + WRITE_CHUNK_BYTES]
 
 
 def write_rank_file(

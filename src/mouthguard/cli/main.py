@@ -6,8 +6,9 @@ One module per command group: :mod:`~mouthguard.cli.listing` (ls, show),
 aliases demote and importance), :mod:`~mouthguard.cli.replication` (replicate),
 :mod:`~mouthguard.cli.agent`, :mod:`~mouthguard.cli.doctor`,
 :mod:`~mouthguard.cli.demo`, :mod:`~mouthguard.cli.plan`,
-:mod:`~mouthguard.cli.simulate`, :mod:`~mouthguard.cli.chaos` and
-:mod:`~mouthguard.cli.serve` (the web page and metrics). This module
+:mod:`~mouthguard.cli.simulate`, :mod:`~mouthguard.cli.chaos`, :mod:`~mouthguard.cli.data`,
+:mod:`~mouthguard.cli.weights` and :mod:`~mouthguard.cli.serve` (the web page and
+metrics). This module
 builds the parser and maps what a command raises to an exit code.
 
 Exit codes (:mod:`mouthguard.cli.common`): 0 success; 1 a checkpoint copy or one
@@ -51,6 +52,7 @@ from mouthguard.cli import (
     replication,
     serve,
     simulate,
+    weights,
 )
 from mouthguard.cli.common import (
     EXIT_BROKEN_PIPE,
@@ -70,7 +72,7 @@ from mouthguard.errors import CheckpointNotFoundError, ConfigError, MouthguardEr
 
 DEFAULT_STORE = "./mouthguard-store"
 #: Commands that need no store: --store after them is not offered.
-_STORELESS = {"plan", "simulate", "data"}
+_STORELESS = {"plan", "simulate", "data", "weights"}
 _STORE_HELP = "store directory or mouthguard.toml"
 
 
@@ -133,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(sub)
     chaos.add_parser(sub)
     data.add_parser(sub)
+    weights.add_parser(sub)
     serve.add_parser(sub)
     _store_after_command(sub)
     return parser
@@ -191,7 +194,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
             return run_demo(Path(args.store), console, as_json=args.json)
         if args.command in _STORELESS:  # arithmetic, or datasets that name their own place
-            runner = {"plan": plan.run, "simulate": simulate.run, "data": data.run}[args.command]
+            runners = {"plan": plan.run, "simulate": simulate.run, "data": data.run}
+            runner = runners.get(args.command, weights.run)
             return runner(args, console)
         store = open_store(args.store, create=False)
         return _HANDLERS[args.command](store, args, console)

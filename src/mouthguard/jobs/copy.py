@@ -10,7 +10,8 @@ for a save, so a copy interrupted at any point is invisible there)::
     verify_and_record(dst)                             # read-back: every byte again
     receipt on the source; copy facts (importance, holds); pass hints down
 
-Between chunks the copier yields to checkpoint saves (:class:`BurstGate`).
+Between chunks the copier yields to checkpoint saves (:class:`BurstGate`), in
+the copy and in its read-back alike.
 A destination that already holds a committed copy is verified first: a valid
 one stops the copy, one whose damage a second read confirms is set aside
 (:mod:`mouthguard.checkpoint.quarantine`), one that cannot be read now (a
@@ -157,8 +158,8 @@ def copy_checkpoint(
         raise
     # Read-back: a copy counts only once verified. Proven (and confirmed) damage
     # sets the new copy aside; an unreachable tier leaves it in place unverified
-    # (no receipt), for the next pass to read again.
-    verdict = verify_and_record(dst_ref)
+    # (no receipt), for the next pass to read again. It yields to saves like the copy.
+    verdict = verify_and_record(dst_ref, pause=gate.wait if gate is not None else None)
     if verdict.record_error:
         log.info("could not record the receipt of %s: %s", dst_ref, verdict.record_error)
     if not verdict.ok:

@@ -170,7 +170,8 @@ class Replicator:
                 good.append(tier)
                 continue
             ref = CopyRef(tier, run, step)
-            verdict = verify_and_record(ref)
+            # A new copy's first read-back is as long as a copy: it yields to saves too.
+            verdict = verify_and_record(ref, pause=self.gate.wait)
             if verdict.ok:
                 good.append(tier)  # verified just now, whether or not the receipt was written
                 if verdict.record_error:

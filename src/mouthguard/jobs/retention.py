@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from mouthguard.checkpoint.gathering import CheckpointView, gather, runs_of, steps_of, tier_facts
+from mouthguard.checkpoint.reader import Pause
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     mark_trashed,
@@ -77,7 +78,9 @@ def delete_copy(ref: CopyRef) -> int:
     return deleted
 
 
-def _first_damaged_other_copy(view: CheckpointView, tier: str, when: dt.datetime) -> str | None:
+def _first_damaged_other_copy(
+    view: CheckpointView, tier: str, when: dt.datetime, pause: Pause | None = None
+) -> str | None:
     """Re-read every other copy before a demotion deletes this one; why not, if any fails.
 
     The policy allows a demotion on the strength of receipts, but receipts age:
@@ -92,7 +95,7 @@ def _first_damaged_other_copy(view: CheckpointView, tier: str, when: dt.datetime
         if other.name == tier:
             continue
         verdict = verify_and_record(
-            CopyRef(other, view.facts.run, view.facts.step), now=lambda: when
+            CopyRef(other, view.facts.run, view.facts.step), now=lambda: when, pause=pause
         )
         if not verdict.ok:  # damage is recorded for the replicator; unreachable just waits
             return f"not demoted: the copy on {other.name} failed its re-check ({verdict.reason})"
@@ -106,11 +109,16 @@ def apply_retention(
     now: float | None = None,
     dry_run: bool = False,
     runs: Iterable[str] | None = None,
+    pause: Pause | None = None,
 ) -> RetentionReport:
     """Decide and (unless ``dry_run``) apply retention to every checkpoint of ``store``.
 
     Never raises for a failing tier: failures are recorded per action, and a run
     whose facts cannot all be read is skipped whole (``report.skipped``).
+
+    ``pause`` (the background service passes its burst gate's ``wait``) is called
+    before every action and between the chunks of a demotion's re-reads, so
+    retention never competes with a checkpoint save for the disk.
     """
     policy = policy or store.policy
     now = time.time() if now is None else now
@@ -131,7 +139,10 @@ def apply_retention(
             continue
         views.extend(run_views)
     report.decisions, planned = plan_retention(views, tier_facts(store), policy, now)
-    report.actions = [_apply(store, view, action, now, dry_run) for view, action in planned]
+    for view, action in planned:
+        if pause is not None and not dry_run:
+            pause()
+        report.actions.append(_apply(store, view, action, now, dry_run, pause))
     return report
 
 
@@ -160,8 +171,13 @@ def plan_retention(
     return decisions, planned
 
 
-def _apply(
-    store: Store, view: CheckpointView, action: CopyAction, now: float, dry_run: bool
+def _apply(  # noqa: PLR0917 - one action's whole context, from one caller
+    store: Store,
+    view: CheckpointView,
+    action: CopyAction,
+    now: float,
+    dry_run: bool,
+    pause: Pause | None,
 ) -> AppliedAction:
     run, step = view.facts.run, view.facts.step
     copy = next((c for c in view.facts.copies if c.tier == action.tier), None)
@@ -181,7 +197,7 @@ def _apply(
             if fresh is None or fresh.facts.held:
                 return AppliedAction(run, step, action, False, "held since the decision: kept")
             if action.action == "demote":
-                damage = _first_damaged_other_copy(fresh, action.tier, when)
+                damage = _first_damaged_other_copy(fresh, action.tier, when, pause=pause)
                 if damage is not None:
                     return AppliedAction(run, step, action, False, damage)
             done = delete_copy(ref) > 0

@@ -70,6 +70,9 @@ def scrub(
     Oldest receipts (and copies never verified, or whose receipt a damage report
     withdrew) first; stops starting new copies once ``budget_bytes`` have been
     read. Never raises for bad data or a failing tier.
+
+    With a ``gate`` every read yields to checkpoint saves: before each copy and
+    between the chunks of its read.
     """
     now = time.time() if now is None else now
     due: list[tuple[float, CopyRef]] = []
@@ -92,7 +95,7 @@ def scrub(
             break
         if gate is not None:
             gate.wait()
-        verdict = verify_and_record(ref)
+        verdict = verify_and_record(ref, pause=gate.wait if gate is not None else None)
         report.results.append(verdict)
         read += verdict.nbytes
     return report

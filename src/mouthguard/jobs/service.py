@@ -240,7 +240,7 @@ class BackgroundService(CheckpointListener):
         if self.retention_interval is None or self.clock.monotonic() < self._next_retention:
             return
         self._next_retention = self.clock.monotonic() + self.retention_interval
-        report = apply_retention(self.store, self.store.policy)
+        report = apply_retention(self.store, self.store.policy, pause=self.gate.wait)
         if report.count("trash") or report.count("purge") or report.count("demote"):
             log.info(
                 "retention: %d trashed, %d purged, %d demoted",
