@@ -54,6 +54,8 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"errors", "format", "tiers", "data"},
     # KV-cache blocks for inference: transient state over memory, disk and any tier.
     "kvcache": {"errors", "policy", "tiers", "kvcache"},
+    # Built-in semantic checks of a loaded or saved state (they look at tensors).
+    "checks": _BASE | {"checkpoint", "checks"},
     "demo": _BASE | {"checkpoint", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},

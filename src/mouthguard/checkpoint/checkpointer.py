@@ -29,6 +29,7 @@ from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.loading import Loader
 from mouthguard.checkpoint.ranks import detect_ranks
 from mouthguard.checkpoint.saving import SavePipeline
+from mouthguard.checkpoint.semantic import Check, guard_save
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     place_hold,
@@ -134,6 +135,7 @@ class Checkpointer:
         importance: str | Importance = "routine",
         *,
         reference: Mapping[str, object] | None = None,
+        check: Check | None = None,
     ) -> CheckpointInfo:
         """Save ``state`` as checkpoint ``step``; committed and durable when it returns.
 
@@ -149,6 +151,11 @@ class Checkpointer:
                 ``golden``); recorded in the manifest.
             reference: optional values (e.g. ``{"loss": 2.31}``) stored with the
                 checkpoint to sanity-check a resume.
+            check: a guard run on ``state`` first (e.g. ``mouthguard.checks.finite()``);
+                a state that fails it is committed only as ``transient``, marked
+                suspect with the reason (in the manifest, atomically with the
+                commit), with a :class:`SuspectStateWarning`. Multi-rank: give it
+                on every rank; one rank failing demotes the whole checkpoint.
 
         Raises:
             UnsupportedStateError: ``state`` holds something that needs pickle.
@@ -156,6 +163,7 @@ class Checkpointer:
             RankFailedError: another rank failed (nothing was committed).
             TierError: the tier failed (the partial save is removed).
         """
+        importance, reference = self._guarded(check, step, state, importance, reference)
         return self._saves.save(step, state, importance, reference)
 
     def save_async(
@@ -165,6 +173,7 @@ class Checkpointer:
         importance: str | Importance = "routine",
         *,
         reference: Mapping[str, object] | None = None,
+        check: Check | None = None,
     ) -> SaveHandle:
         """Snapshot ``state`` and save it in the background; return once it is safe to mutate.
 
@@ -179,11 +188,30 @@ class Checkpointer:
             A :class:`SaveHandle`: ``result()`` gives the :class:`CheckpointInfo`
             (with ``stall_seconds``) or raises the save's error.
 
+        ``check`` is the guard of :meth:`save`, run on the caller's state before
+        the snapshot (its time counts in the stall).
+
         Raises:
             UnsupportedStateError: ``state`` holds something that needs pickle
                 (raised here, before anything runs in the background).
         """
+        importance, reference = self._guarded(check, step, state, importance, reference)
         return self._saves.save_async(step, state, importance, reference)
+
+    def _guarded(
+        self,
+        check: Check | None,
+        step: int,
+        state: object,
+        importance: str | Importance,
+        reference: Mapping[str, object] | None,
+    ) -> tuple[str | Importance, Mapping[str, object] | None]:
+        """The importance and reference a save commits with, after its guard (if any)."""
+        if check is None:
+            return importance, reference
+        return guard_save(
+            check, self.ranks, step=step, state=state, importance=importance, reference=reference
+        )
 
     def flush(self) -> None:
         """Block until the async save in flight (if any) has finished."""
@@ -338,20 +366,31 @@ class Checkpointer:
 
     # --- load ------------------------------------------------------------------
 
-    def load(self, step: int | None = None, into: object = None) -> LoadedCheckpoint:
-        """Load a checkpoint, verifying every byte.
+    def load(
+        self, step: int | None = None, into: object = None, *, check: Check | None = None
+    ) -> LoadedCheckpoint:
+        """Load a checkpoint, verifying every byte (and, with ``check``, its state).
 
         Args:
             step: the step to load; ``None`` loads the newest *valid* checkpoint,
-                falling back past damaged ones with a :class:`CheckpointFallbackWarning`.
+                falling back past damaged ones and ones marked suspect with a
+                :class:`CheckpointFallbackWarning`.
             into: optional state whose tensors (matched by key path, same dtype and
                 shape) are filled in place and returned instead of new tensors. If
                 every candidate fails, their contents are undefined.
+            check: a semantic check run on the loaded state before it is returned
+                (:mod:`mouthguard.checks`: ``finite()``, ``reference(...)``, or any
+                callable taking a :class:`~mouthguard.checkpoint.semantic.CheckInput`
+                and returning None or why the state is wrong). A checkpoint that
+                fails it is marked suspect in the store's facts (``ls``, ``show``)
+                and, with ``step=None``, the load falls back to the next older one;
+                one that passes is recorded, and retention keeps the newest such.
 
         Raises:
             CheckpointNotFoundError: nothing is committed (for ``step``, or at all).
             CorruptCheckpointError: every copy of the requested ``step`` is damaged.
             NoValidCheckpointError: ``step=None`` and no checkpoint is valid.
+            SuspectCheckpointError: the requested ``step`` failed ``check``.
             StateMismatchError: ``into`` does not fit the checkpoint, or it was saved
                 by a different number of ranks (``mouthguard.dcp`` reshards).
 
@@ -360,7 +399,7 @@ class Checkpointer:
         """
         if step is not None:
             catalog.validate_step(step)
-        loader = Loader(self.store, self.run, self.ranks, self.manifest_keys)
+        loader = Loader(self.store, self.run, self.ranks, self.manifest_keys, check)
         # Every rank walks the coordinator's list, so all try the same steps in order.
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         listed = self.ranks.broadcast(list(candidates))

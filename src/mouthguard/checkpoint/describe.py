@@ -74,6 +74,8 @@ def describe(store: Store, run: str, step: int) -> CheckpointInfo | None:
         holds=view.holds,
         state="trashed" if trashed else state,
         protection=missing,
+        suspect=view.suspect,
+        checked=view.facts.checked,
     )
 
 
