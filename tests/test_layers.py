@@ -56,7 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     "kvcache": {"errors", "policy", "tiers", "kvcache"},
     # Built-in semantic checks of a loaded or saved state (they look at tensors).
     "checks": _BASE | {"checkpoint", "checks"},
-    "demo": _BASE | {"checkpoint", "jobs", "demo"},
+    "demo": _BASE | {"checkpoint", "checks", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},
     "cli": _BASE | {"checkpoint", "jobs", "demo", "plan", "chaos", "data", "cli"},
