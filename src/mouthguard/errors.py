@@ -113,6 +113,14 @@ class CorruptCheckpointError(CheckpointError):
     """Every copy of the requested checkpoint failed verification."""
 
 
+class RankLostError(CheckpointError):
+    """A peer rank died or went silent in a checkpoint collective (it timed out or closed).
+
+    Raised on the surviving ranks, within the collective timeout, instead of
+    hanging; a restart of every rank resumes from the newest committed checkpoint.
+    """
+
+
 class SuspectCheckpointError(CheckpointError):
     """The requested checkpoint's bytes are intact but its state failed the load's check."""
 

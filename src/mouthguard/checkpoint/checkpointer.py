@@ -11,6 +11,7 @@ commit under it), finding and loading a valid copy in
 from __future__ import annotations
 
 import builtins
+import datetime as dt
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
@@ -27,7 +28,7 @@ from mouthguard.checkpoint.info import (
 )
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.loading import Loader
-from mouthguard.checkpoint.ranks import detect_ranks
+from mouthguard.checkpoint.ranks import COLLECTIVE_TIMEOUT, detect_ranks
 from mouthguard.checkpoint.saving import SavePipeline
 from mouthguard.checkpoint.semantic import Check, guard_save
 from mouthguard.checkpoint.sidecars import (
@@ -78,6 +79,10 @@ class Checkpointer:
             (default: the whole job when torch.distributed is initialised). Every
             rank must construct its Checkpointer in the same order (a collective),
             and the fast tier must be shared by all ranks.
+        collective_timeout: seconds one checkpoint collective waits for the
+            slowest rank (default 300): the slowest rank's file write must fit in
+            it, and a rank that died is given up on after it -- the survivors
+            raise :class:`~mouthguard.errors.RankLostError` instead of hanging.
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class Checkpointer:
         signing_key: KeySpec | None = None,
         background: bool | None = None,
         group: Any = None,
+        collective_timeout: float | None = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
@@ -97,7 +103,14 @@ class Checkpointer:
             if signing_key is not None
             else self.store.manifest_keys or keys_from_env()
         )
-        self.ranks = detect_ranks(group)
+        if collective_timeout is not None and not collective_timeout > 0:
+            raise ValueError(f"collective_timeout must be > 0 seconds, got {collective_timeout}")
+        timeout = (
+            COLLECTIVE_TIMEOUT
+            if collective_timeout is None
+            else dt.timedelta(seconds=collective_timeout)
+        )
+        self.ranks = detect_ranks(group, timeout)
         # Replication runs in-process by default wherever there is a second tier;
         # one replicator per job is enough, so only on the coordinator.
         if background is None:
