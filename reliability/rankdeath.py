@@ -33,6 +33,7 @@ import datetime as dt
 import json
 import multiprocessing as mp
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -232,6 +233,7 @@ def run(
     kinds: Counter[str] = Counter()
     messages: list[str] = []
     errors: Counter[str] = Counter()
+    waits: list[float] = []  # a survivor's seconds from the start of the save to its error
     survived = 0
     ledger = Ledger()
     collectives = 3
@@ -254,6 +256,7 @@ def run(
                 kind = "random moment, after the save" if after else "random moment"
             kinds[kind] += 1
             errors.update(e[2] for r in range(WORLD) for e in case.of(r, "raised"))
+            waits.extend(e[4] for r in range(WORLD) for e in case.of(r, "raised"))
             collectives = next(
                 (e[2] for r in range(WORLD) for e in case.of(r, "saving")), collectives
             )
@@ -283,6 +286,9 @@ def run(
             "seed": seed,
             "collective_timeout_seconds": TIMEOUT,
             "survivor_errors": dict(errors),
+            # From the start of the killed save, so an upper bound on the time from the death.
+            "survivor_seconds_to_error_max": round(max(waits, default=0.0), 2),
+            "survivor_seconds_to_error_median": round(statistics.median(waits or [0.0]), 2),
             "steps_at_end": ledger.listed,
             "failures": messages[:30],
         },
