@@ -13,7 +13,9 @@ processes (ranks) that record into the same log.
 Operations name inodes by their real inode number; a ``create`` or ``mkdir``
 (re)binds a number, so the replayer (:mod:`reliability.crashstates`) can tell a
 reused inode number from the file it used to be. Only paths under ``root`` are
-recorded. Extended attributes (importance hints) are advisory and not recorded.
+recorded; calls with ``dir_fd`` or other keyword arguments pass through
+unrecorded (the local tier makes none). Extended attributes (importance hints)
+are advisory and not recorded.
 
 A ``mark`` line carries what the driver knows at that moment (a save was
 acknowledged, retention is about to delete a step): a crash state cut after the
