@@ -17,19 +17,24 @@ combines them.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from mouthguard.checkpoint.semantic import Check, CheckInput
+
+if TYPE_CHECKING:
+    import torch
 
 #: How many offending key paths a reason names.
 _NAMED = 3
 
 
 def _tensors(value: object, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(value, torch.Tensor):
+    # A state holding tensors has imported torch; importing this module must not
+    # (the CLI imports the package and starts in a fraction of a second).
+    torch_module = sys.modules.get("torch")
+    if torch_module is not None and isinstance(value, torch_module.Tensor):
         yield path, value
     elif isinstance(value, dict):
         for key, item in value.items():
@@ -48,6 +53,8 @@ def finite() -> Check:
     """
 
     def check(subject: CheckInput) -> str | None:
+        import torch  # noqa: PLC0415 - see _tensors
+
         bad = []
         for path, tensor in _tensors(subject.state, "state"):
             if not (tensor.is_floating_point() or tensor.is_complex()):
@@ -65,7 +72,7 @@ def finite() -> Check:
 
 
 def _finite(tensor: torch.Tensor) -> int:
-    return int(torch.isfinite(tensor).sum())
+    return int(tensor.isfinite().sum())
 
 
 Recomputed = float | Callable[[object], float]

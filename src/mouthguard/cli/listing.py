@@ -79,6 +79,15 @@ def ls(store: Store, args: argparse.Namespace, console: Console) -> int:
             highlight=False,
             soft_wrap=True,
         )
+    for items in listed.values():
+        for item in items:
+            if isinstance(item, CheckpointInfo) and item.suspect:
+                console.print(
+                    f"[yellow]suspect:[/yellow] {escape(item_name(item))} -- "
+                    f"{escape(item.suspect)} (a resume skips it)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
     return EXIT_OK
 
 
@@ -115,8 +124,8 @@ def run_table(run: str, items: list[Listed]) -> Table:
             if with_holds:
                 row.append("")
         else:
-            if item.suspect:  # intact bytes, a state a check refused: never resumed from
-                state = f"{state} [yellow]suspect[/yellow]: {escape(item.suspect)}"
+            if item.suspect:  # intact bytes, a state a check refused; why: below the table
+                state = f"{state} [yellow]suspect[/yellow]"
             elif item.checked:
                 state = f"{state}, checked"
             row = [
