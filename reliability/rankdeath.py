@@ -289,7 +289,7 @@ def run(
             # From the start of the killed save, so an upper bound on the time from the death.
             "survivor_seconds_to_error_max": round(max(waits, default=0.0), 2),
             "survivor_seconds_to_error_median": round(statistics.median(waits or [0.0]), 2),
-            "steps_at_end": ledger.listed,
+            "steps_at_end": len(ledger.listed),
             "failures": messages[:30],
         },
     )
