@@ -14,6 +14,7 @@ from mouthguard import checks
 from mouthguard.checkpoint.semantic import CheckInput
 from mouthguard.cli.main import main
 from mouthguard.errors import SuspectCheckpointError
+from mouthguard.jobs.replicator import Replicator
 from mouthguard.jobs.retention import apply_retention
 from mouthguard.policy.config import PolicyConfig
 from tests.cli.helpers import show_json
@@ -144,5 +145,28 @@ def test_save_guard_commits_a_nan_state_only_as_transient_and_suspect(tmp_path: 
         assert info.importance is mouthguard.Importance.TRANSIENT
         assert "NaN" in info.suspect
     assert ckpt.info(1).importance is mouthguard.Importance.ROUTINE  # type: ignore[union-attr]
+    with pytest.warns(mouthguard.CheckpointFallbackWarning, match="suspect"):
+        assert ckpt.load().step == 1
+
+
+def test_replication_carries_the_verdict_to_every_copy(tmp_path: Path) -> None:
+    ckpt = _ckpt(tmp_path)
+    ckpt.save(1, _state(1.0))
+    ckpt.save(2, _state(float("nan")))
+    with pytest.warns(mouthguard.CheckpointFallbackWarning):
+        ckpt.load(check=checks.finite())
+    replicator = Replicator(ckpt.store)
+    replicator.run_once()  # new copies get the verdict with the other facts
+    durable = ckpt.store.tier("durable")
+    mark = f"{RUN}/{2:012d}/sidecar.suspect.json"
+    assert durable.delete(mark)  # as if the tier had been unreachable when it was marked
+    replicator.run_once()  # existing copies get it too
+    assert durable.exists(mark)
+    fast = ckpt.store.fast
+    for step in (1, 2):  # the fast copies go (as a demotion does); the durable ones stay
+        for key in list(fast.list(f"{RUN}/{step:012d}/")):
+            fast.delete(key)
+    assert "NaN" in ckpt.info(2).suspect  # type: ignore[union-attr]
+    assert ckpt.info(1).checked  # type: ignore[union-attr]
     with pytest.warns(mouthguard.CheckpointFallbackWarning, match="suspect"):
         assert ckpt.load().step == 1
