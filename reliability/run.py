@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Harness name -> module. The order is the table's.
 REGISTRY: dict[str, str] = {
     "crash": "reliability.crash",
+    "powerloss": "reliability.powerloss",
+    "rankdeath": "reliability.rankdeath",
     "chaos": "reliability.chaos",
     "s3_faults": "reliability.s3_faults",
     "fuzz": "reliability.fuzz",

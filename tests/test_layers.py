@@ -59,7 +59,9 @@ ALLOWED: dict[str, set[str]] = {
     # Inference cold start: weights files (HF directories, checkpoints) into device memory,
     # through the checkpoint layer's verified manifests, read-ahead and host ring.
     "weights": _BASE | {"checkpoint", "weights"},
-    "demo": _BASE | {"checkpoint", "jobs", "demo"},
+    # Built-in semantic checks of a loaded or saved state (they look at tensors).
+    "checks": _BASE | {"checkpoint", "checks"},
+    "demo": _BASE | {"checkpoint", "checks", "jobs", "demo"},
     # Fault injection judged through clean tiers (`mouthguard chaos`): an exercise above jobs.
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},
     # The operator's web page and metrics: reads what checkpoint, jobs (the retention

@@ -10,6 +10,7 @@ The public API::
     gate = mouthguard.burst_gate(store)   # busy while a save runs: loaders' prefetch yields
 """
 
+from mouthguard import checks
 from mouthguard.checkpoint import (
     Checkpointer,
     CheckpointInfo,
@@ -22,7 +23,7 @@ from mouthguard.checkpoint import (
     open_store,
     restore_rng_state,
 )
-from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
+from mouthguard.errors import CheckpointFallbackWarning, MouthguardError, SuspectStateWarning
 from mouthguard.policy.importance import Importance
 from mouthguard.version import VERSION
 from mouthguard.wiring import burst_gate
@@ -43,10 +44,12 @@ __all__ = [
     "MouthguardError",
     "PreemptionGuard",
     "Store",
+    "SuspectStateWarning",
     "TrainingState",
     "__version__",
     "burst_gate",
     "capture_rng_state",
+    "checks",
     "open_store",
     "restore_rng_state",
 ]

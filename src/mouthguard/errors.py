@@ -113,6 +113,18 @@ class CorruptCheckpointError(CheckpointError):
     """Every copy of the requested checkpoint failed verification."""
 
 
+class RankLostError(CheckpointError):
+    """A peer rank died or went silent in a checkpoint collective (it timed out or closed).
+
+    Raised on the surviving ranks, within the collective timeout, instead of
+    hanging; a restart of every rank resumes from the newest committed checkpoint.
+    """
+
+
+class SuspectCheckpointError(CheckpointError):
+    """The requested checkpoint's bytes are intact but its state failed the load's check."""
+
+
 class NoValidCheckpointError(CheckpointError):
     """No committed checkpoint of the run passed verification."""
 
@@ -209,6 +221,10 @@ def is_data_damage(exc: BaseException) -> bool:
 
 class CheckpointFallbackWarning(UserWarning):
     """Emitted when ``load()`` skips a damaged copy or checkpoint and falls back."""
+
+
+class SuspectStateWarning(UserWarning):
+    """Emitted when a save's check fails: the state is committed as transient and suspect."""
 
 
 # --- KV cache --------------------------------------------------------------

@@ -164,3 +164,44 @@ def test_a_failing_rank_commits_nothing_and_every_rank_hears_of_it(tmp_path: Pat
         }, rank
     # Nothing of the failed saves is left: no partial directories.
     assert sorted(p.name for p in (tmp_path / "fast" / "job").iterdir()) == [f"{3:012d}"]
+
+
+def _nan_on_one_rank(rank: int, world_size: int, root: str) -> dict[str, object]:
+    store = mouthguard.Store([LocalTier(Path(root) / "fast")])
+    ckpt = mouthguard.Checkpointer(store, run="job", background=False)
+    ckpt.save(1, _rank_state(rank, 1))
+    bad = _rank_state(rank, 2)
+    if rank == 1:
+        bad["model"]["shard"][0, 0] = float("nan")  # type: ignore[index]
+    ckpt.save(2, bad)  # unguarded: the NaN is committed as a routine checkpoint
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = ckpt.load(check=mouthguard.checks.finite())
+    guarded = _rank_state(rank, 3)
+    if rank == 0:
+        guarded["model"]["shard"][0, 0] = float("inf")  # type: ignore[index]
+    with warnings.catch_warnings(record=True) as guard_warnings:
+        warnings.simplefilter("always")
+        info = ckpt.save(3, guarded, importance="milestone", check=mouthguard.checks.finite())
+    return {
+        "step": loaded.step,
+        "exact": _same(loaded.state, _rank_state(rank, 1)),  # type: ignore[arg-type]
+        "warnings": [str(w.message) for w in caught],
+        "suspect": ckpt.info(2).suspect,  # type: ignore[union-attr]
+        "guard_warned": any("failed the save check" in str(w.message) for w in guard_warnings),
+        "saved_as": info.importance.value,
+        "then": ckpt.load().step,
+    }
+
+
+def test_a_nan_on_one_rank_makes_every_rank_fall_back_together(tmp_path: Path) -> None:
+    results = run_distributed(_nan_on_one_rank, 2, str(tmp_path))
+    for rank, result in enumerate(results):
+        assert result["step"] == 1, result
+        assert result["exact"]
+        assert any("rank 1: non-finite" in w for w in result["warnings"]), result  # type: ignore[attr-defined]
+        assert "rank 1" in str(result["suspect"])
+        # the guard: rank 0's Inf demotes the whole checkpoint, and every rank says so
+        assert result["guard_warned"], rank
+        assert result["saved_as"] == "transient"
+        assert result["then"] == 1  # the suspect 2 and 3 are skipped by a plain resume

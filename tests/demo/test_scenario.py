@@ -173,6 +173,24 @@ class TestScenario:
         assert isinstance(state, dict)
         assert state["metadata"]["loss"].hex() == report.reference.loss_hex
 
+    def test_a_nan_newest_checkpoint_resumes_from_the_one_before(self, demo_run: DemoRun) -> None:
+        diverged = demo_run.report.diverged
+        assert diverged is not None
+        last = demo_run.report.config.steps
+        assert (diverged.good_step, diverged.nan_step, diverged.resumed_step) == (
+            last,
+            last + 1,
+            last,
+        )
+        assert "NaN" in diverged.suspect
+        assert f"step {last + 1} failed the load's check" in diverged.warning
+        ckpt = mouthguard.Checkpointer(demo_run.store, diverged.run, background=False)
+        info = ckpt.info(last + 1)
+        assert info is not None
+        assert "NaN" in info.suspect  # what ls and show give an operator
+        assert "A checkpoint can verify and still be dead" in demo_run.output
+        assert diverged.ok
+
     def test_save_records_tell_the_story(self, demo_run: DemoRun) -> None:
         saves = demo_run.report.saves
         statuses = {(s.step, s.phase): s.status for s in saves}

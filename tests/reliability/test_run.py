@@ -169,7 +169,15 @@ def test_unknown_name_and_missing_markers_are_usage_errors(
 
 
 def test_the_real_registry_names_every_harness_of_issue_6() -> None:
-    assert list(runner.REGISTRY) == ["crash", "chaos", "s3_faults", "fuzz", "security"]
+    assert list(runner.REGISTRY) == [
+        "crash",
+        "powerloss",
+        "rankdeath",
+        "chaos",
+        "s3_faults",
+        "fuzz",
+        "security",
+    ]
     assert all(m == f"reliability.{n}" for n, m in runner.REGISTRY.items())
 
 

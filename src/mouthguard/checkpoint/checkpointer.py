@@ -11,6 +11,7 @@ commit under it), finding and loading a valid copy in
 from __future__ import annotations
 
 import builtins
+import datetime as dt
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
@@ -27,8 +28,9 @@ from mouthguard.checkpoint.info import (
 )
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.loading import Loader
-from mouthguard.checkpoint.ranks import detect_ranks
+from mouthguard.checkpoint.ranks import COLLECTIVE_TIMEOUT, detect_ranks
 from mouthguard.checkpoint.saving import SavePipeline
+from mouthguard.checkpoint.semantic import Check, guard_save
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     place_hold,
@@ -79,6 +81,10 @@ class Checkpointer:
             and the fast tier must be shared by all ranks.
             ``RankGroup()`` (:mod:`mouthguard.checkpoint.ranks`) saves from this
             process alone even in a distributed job: no collective, rank 0 of 1.
+        collective_timeout: seconds one checkpoint collective waits for the
+            slowest rank (default 300): the slowest rank's file write must fit in
+            it, and a rank that died is given up on after it -- the survivors
+            raise :class:`~mouthguard.errors.RankLostError` instead of hanging.
     """
 
     def __init__(
@@ -90,6 +96,7 @@ class Checkpointer:
         signing_key: KeySpec | None = None,
         background: bool | None = None,
         group: Any = None,
+        collective_timeout: float | None = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
@@ -98,7 +105,14 @@ class Checkpointer:
             if signing_key is not None
             else self.store.manifest_keys or keys_from_env()
         )
-        self.ranks = detect_ranks(group)
+        if collective_timeout is not None and not collective_timeout > 0:
+            raise ValueError(f"collective_timeout must be > 0 seconds, got {collective_timeout}")
+        timeout = (
+            COLLECTIVE_TIMEOUT
+            if collective_timeout is None
+            else dt.timedelta(seconds=collective_timeout)
+        )
+        self.ranks = detect_ranks(group, timeout)
         # Replication runs in-process by default wherever there is a second tier;
         # one replicator per job is enough, so only on the coordinator.
         if background is None:
@@ -136,6 +150,7 @@ class Checkpointer:
         importance: str | Importance = "routine",
         *,
         reference: Mapping[str, object] | None = None,
+        check: Check | None = None,
     ) -> CheckpointInfo:
         """Save ``state`` as checkpoint ``step``; committed and durable when it returns.
 
@@ -151,6 +166,11 @@ class Checkpointer:
                 ``golden``); recorded in the manifest.
             reference: optional values (e.g. ``{"loss": 2.31}``) stored with the
                 checkpoint to sanity-check a resume.
+            check: a guard run on ``state`` first (e.g. ``mouthguard.checks.finite()``);
+                a state that fails it is committed only as ``transient``, marked
+                suspect with the reason (in the manifest, atomically with the
+                commit), with a :class:`SuspectStateWarning`. Multi-rank: give it
+                on every rank; one rank failing demotes the whole checkpoint.
 
         Raises:
             UnsupportedStateError: ``state`` holds something that needs pickle.
@@ -158,6 +178,7 @@ class Checkpointer:
             RankFailedError: another rank failed (nothing was committed).
             TierError: the tier failed (the partial save is removed).
         """
+        importance, reference = self._guarded(check, step, state, importance, reference)
         return self._saves.save(step, state, importance, reference)
 
     def save_async(
@@ -167,6 +188,7 @@ class Checkpointer:
         importance: str | Importance = "routine",
         *,
         reference: Mapping[str, object] | None = None,
+        check: Check | None = None,
     ) -> SaveHandle:
         """Snapshot ``state`` and save it in the background; return once it is safe to mutate.
 
@@ -181,10 +203,14 @@ class Checkpointer:
             A :class:`SaveHandle`: ``result()`` gives the :class:`CheckpointInfo`
             (with ``stall_seconds``) or raises the save's error.
 
+        ``check`` is the guard of :meth:`save`, run on the caller's state before
+        the snapshot (its time counts in the stall).
+
         Raises:
             UnsupportedStateError: ``state`` holds something that needs pickle
                 (raised here, before anything runs in the background).
         """
+        importance, reference = self._guarded(check, step, state, importance, reference)
         return self._saves.save_async(step, state, importance, reference)
 
     def prepare(self, state: object) -> int:
@@ -202,6 +228,21 @@ class Checkpointer:
             UnsupportedStateError: ``state`` holds something that needs pickle.
         """
         return self._saves.prepare(state)
+
+    def _guarded(
+        self,
+        check: Check | None,
+        step: int,
+        state: object,
+        importance: str | Importance,
+        reference: Mapping[str, object] | None,
+    ) -> tuple[str | Importance, Mapping[str, object] | None]:
+        """The importance and reference a save commits with, after its guard (if any)."""
+        if check is None:
+            return importance, reference
+        return guard_save(
+            check, self.ranks, step=step, state=state, importance=importance, reference=reference
+        )
 
     def flush(self) -> None:
         """Block until the async save in flight (if any) has finished."""
@@ -357,13 +398,19 @@ class Checkpointer:
     # --- load ------------------------------------------------------------------
 
     def load(
-        self, step: int | None = None, into: object = None, *, device: Any = None
+        self,
+        step: int | None = None,
+        into: object = None,
+        *,
+        device: Any = None,
+        check: Check | None = None,
     ) -> LoadedCheckpoint:
-        """Load a checkpoint, verifying every byte.
+        """Load a checkpoint, verifying every byte (and, with ``check``, its state).
 
         Args:
             step: the step to load; ``None`` loads the newest *valid* checkpoint,
-                falling back past damaged ones with a :class:`CheckpointFallbackWarning`.
+                falling back past damaged ones and ones marked suspect with a
+                :class:`CheckpointFallbackWarning`.
             into: optional state whose tensors (matched by key path, same dtype and
                 shape) are filled in place and returned instead of new tensors. If
                 every candidate fails, their contents are undefined. Tensors on a
@@ -371,12 +418,20 @@ class Checkpointer:
                 buffers (reads, checksum and copies overlap).
             device: where tensors that ``into`` does not give are created
                 (``"cuda"``, ``torch.device(...)``; default: the CPU), the same way.
+            check: a semantic check run on the loaded state before it is returned
+                (:mod:`mouthguard.checks`: ``finite()``, ``reference(...)``, or any
+                callable taking a :class:`~mouthguard.checkpoint.semantic.CheckInput`
+                and returning None or why the state is wrong). A checkpoint that
+                fails it is marked suspect in the store's facts (``ls``, ``show``)
+                and, with ``step=None``, the load falls back to the next older one;
+                one that passes is recorded, and retention keeps the newest such.
 
         Raises:
             ValueError: ``device`` names no device.
             CheckpointNotFoundError: nothing is committed (for ``step``, or at all).
             CorruptCheckpointError: every copy of the requested ``step`` is damaged.
             NoValidCheckpointError: ``step=None`` and no checkpoint is valid.
+            SuspectCheckpointError: the requested ``step`` failed ``check``.
             StateMismatchError: ``into`` does not fit the checkpoint, or it was saved
                 by a different number of ranks (``mouthguard.dcp`` reshards).
 
@@ -393,7 +448,7 @@ class Checkpointer:
                 target = torch.device(device)
             except RuntimeError as exc:
                 raise ValueError(f"{device!r} is not a device: {exc}") from None
-        loader = Loader(self.store, self.run, self.ranks, self.manifest_keys, target)
+        loader = Loader(self.store, self.run, self.ranks, self.manifest_keys, target, check)
         # Every rank walks the coordinator's list, so all try the same steps in order.
         candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
         listed = self.ranks.broadcast(list(candidates))

@@ -87,6 +87,8 @@ def describe_view(store: Store, view: CheckpointView) -> CheckpointInfo:
         holds=view.holds,
         state="trashed" if trashed else state,
         protection=missing,
+        suspect=view.suspect,
+        checked=view.facts.checked,
     )
 
 

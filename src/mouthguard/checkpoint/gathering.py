@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.reader import read_manifest
+from mouthguard.checkpoint.semantic import saved_suspect
 from mouthguard.checkpoint.sidecars import CopyRef, Sidecars, read_sidecars
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError, is_data_damage
@@ -56,6 +57,7 @@ class CheckpointView:
     holds: tuple[str, ...] = ()  # names of the holds on any copy
     sidecars: tuple[tuple[str, Sidecars], ...] = ()  # (tier name, its copy's facts)
     unreachable: tuple[tuple[Tier, str], ...] = ()  # tiers whose manifest cannot be read now
+    suspect: str = ""  # why its state failed a semantic check ("" when none did)
 
 
 def _ts(value: dt.datetime | None) -> float | None:
@@ -101,15 +103,21 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
     importance = max(changes, key=lambda c: c[0])[1] if changes else manifest.importance
     metrics = _metrics(manifest)
     verified = any(c.verified for c in copies)
+    # A suspect mark on any copy, or the save guard's verdict in the manifest, makes
+    # the checkpoint invalid: a resume skips it and retention never counts it.
+    suspect = saved_suspect(manifest.reference) or next(
+        (side.suspect for _, side in per_copy if side.suspect), ""
+    )
     facts = CheckpointFacts(
         run=run,
         step=step,
         importance=importance,
         created=manifest.created.timestamp(),
-        valid=True if verified else None,
+        valid=False if suspect else (True if verified else None),
         held=bool(holds),
         metrics=metrics,
         copies=tuple(copies),
+        checked=not suspect and any(side.checked_at is not None for _, side in per_copy),
     )
     return CheckpointView(
         facts,
@@ -119,6 +127,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         tuple(sorted(holds)),
         tuple(per_copy),
         tuple(unreachable),
+        suspect,
     )
 
 

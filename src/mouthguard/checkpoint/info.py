@@ -71,6 +71,9 @@ class CheckpointInfo:
             every counted copy verified), or ``trashed``; ``damaged`` when every
             copy is damaged (see each copy's ``damage``).
         protection: what is still missing for ``protected``, as sentences.
+        suspect: why its state failed a semantic check (``load(check=...)`` or
+            the save guard): a resume that falls back skips it. "" when none did.
+        checked: a semantic check of its state passed on a resume (and none failed).
     """
 
     run: str
@@ -88,6 +91,8 @@ class CheckpointInfo:
     holds: tuple[str, ...] = ()
     state: str = "committed"
     protection: tuple[str, ...] = ()
+    suspect: str = ""
+    checked: bool = False
 
     @classmethod
     def from_manifest(
@@ -101,6 +106,8 @@ class CheckpointInfo:
         holds: tuple[str, ...] = (),
         state: str = "committed",
         protection: tuple[str, ...] = (),
+        suspect: str = "",
+        checked: bool = False,
     ) -> CheckpointInfo:
         """Build the info of a checkpoint from its manifest (and its sidecar facts)."""
         return cls(
@@ -119,6 +126,8 @@ class CheckpointInfo:
             holds=holds,
             state=state,
             protection=protection,
+            suspect=suspect,
+            checked=checked,
         )
 
     def to_json(self) -> dict[str, JsonValue]:
@@ -131,6 +140,8 @@ class CheckpointInfo:
             "holds": list(self.holds),
             "state": self.state,
             "protection_missing": list(self.protection),
+            "suspect": self.suspect or None,
+            "checked": self.checked,
             "created": self.created.isoformat(),
             "nbytes": self.nbytes,
             "tensor_bytes": self.tensor_bytes,
@@ -171,6 +182,8 @@ class UnreadableCheckpoint:
             "protection_missing": [
                 f"the manifest cannot be read on any tier: {self.reason}",
             ],
+            "suspect": None,
+            "checked": False,
             "created": None,
             "nbytes": None,
             "tensor_bytes": None,
@@ -203,7 +216,9 @@ class LoadedCheckpoint:
         state: the restored state.
         info: the loaded checkpoint's info.
         tier: the tier the bytes were read from.
-        rejected: newer or preferred copies that failed verification, newest first.
+        rejected: newer or preferred copies that failed verification (or
+            checkpoints whose state failed the load's check), newest first.
+        reference: the reference values saved with it (``save(reference=...)``).
     """
 
     step: int
@@ -211,3 +226,4 @@ class LoadedCheckpoint:
     info: CheckpointInfo
     tier: str
     rejected: list[Rejection] = field(default_factory=list)
+    reference: dict[str, JsonValue] = field(default_factory=dict)

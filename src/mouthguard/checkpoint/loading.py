@@ -10,6 +10,13 @@ Multi-rank: every rank loads its own rank's file; after each candidate the
 ranks agree (``all_gather``) whether *every* rank loaded it. If one rank's file
 is damaged on every tier, all ranks move on to the next older step together, so
 a job never resumes from a mix of steps.
+
+Semantic checks (:mod:`~mouthguard.checkpoint.semantic`): a fallback load skips
+checkpoints already marked suspect; with a ``check``, every rank runs it on its
+loaded part, the ranks agree, and a failure marks the checkpoint suspect on
+every copy (the coordinator writes) and moves on to the next older step, with a
+:class:`CheckpointFallbackWarning` naming the reason; a pass is recorded, so
+retention keeps the newest checkpoint a resume proved sound.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import builtins
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,7 +32,20 @@ from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
 from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.reader import load_copy, read_manifest
-from mouthguard.checkpoint.sidecars import CopyRef, report_damage
+from mouthguard.checkpoint.semantic import (
+    Check,
+    CheckInput,
+    reference_of,
+    run_check,
+    saved_suspect,
+)
+from mouthguard.checkpoint.sidecars import (
+    CopyRef,
+    mark_checked,
+    mark_suspect,
+    read_sidecars,
+    report_damage,
+)
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.writer import utc_now
 from mouthguard.errors import (
@@ -34,6 +55,7 @@ from mouthguard.errors import (
     MouthguardError,
     NoValidCheckpointError,
     StateMismatchError,
+    SuspectCheckpointError,
     is_data_damage,
 )
 from mouthguard.format.manifest import Manifest
@@ -59,6 +81,8 @@ class Loader:
     keys: Keyring | None = None
     #: Where new tensors are created (None: the CPU); see ``reader.load_copy``.
     device: torch.device | None = None
+    #: A semantic check run on the loaded state before it is returned.
+    check: Check | None = None
 
     def first_valid(
         self,
@@ -68,9 +92,12 @@ class Loader:
         rejected: builtins.list[Rejection],
     ) -> LoadedCheckpoint:
         """The first candidate that every rank loads; raise as ``Checkpointer.load`` documents."""
+        fallback = step is None
         for candidate in candidates:
-            loaded = self._agreed(candidate, into, rejected, fallback=step is None)
-            if loaded is not None:
+            if fallback and self._skip_suspect(candidate, rejected):
+                continue
+            loaded = self._agreed(candidate, into, rejected, fallback=fallback)
+            if loaded is not None and self._passes(loaded, rejected, fallback=fallback):
                 return loaded
         if not rejected:
             what = f"step {step}" if step is not None else "any step"
@@ -83,6 +110,66 @@ class Loader:
                 f"every copy of {self.run} step {step} is damaged: {reasons}"
             )
         raise NoValidCheckpointError(f"run {self.run!r} has no valid checkpoint: {reasons}")
+
+    def _skip_suspect(self, step: int, rejected: builtins.list[Rejection]) -> bool:
+        """Whether ``step`` is marked suspect (the coordinator's reading decides for all)."""
+        reason = self._suspect_reason(step) if self.ranks.is_coordinator else ""
+        reason = str(self.ranks.broadcast(reason) or "")
+        if not reason:
+            return False
+        rejected.append(Rejection(step, "-", f"suspect: {reason}"))
+        warnings.warn(
+            f"checkpoint {self.run} step {step} is suspect ({reason}); trying an older checkpoint",
+            CheckpointFallbackWarning,
+            stacklevel=5,
+        )
+        return True
+
+    def _suspect_reason(self, step: int) -> str:
+        for tier in self._tiers_holding(step):
+            ref = CopyRef(tier, self.run, step)
+            try:
+                reason = saved_suspect(read_manifest(tier, self.run, step, self.keys).reference)
+                reason = reason or read_sidecars(ref).suspect
+            except MouthguardError:
+                continue  # damage is the load's to find and report
+            if reason:
+                return reason
+        return ""
+
+    def _passes(
+        self, loaded: LoadedCheckpoint, rejected: builtins.list[Rejection], *, fallback: bool
+    ) -> bool:
+        """Run the check on every rank; on failure mark the checkpoint suspect (or raise)."""
+        if self.check is None:
+            return True
+        subject = CheckInput(loaded.step, loaded.state, loaded.reference)
+        mine = run_check(self.check, subject) or ""
+        verdicts = [str(v or "") for v in self.ranks.all_gather(mine)]
+        failed = [(rank, v) for rank, v in enumerate(verdicts) if v]
+        refs = [CopyRef(t, self.run, loaded.step) for t in self._tiers_holding(loaded.step)]
+        if not failed:
+            if self.ranks.is_coordinator:
+                _record(refs, lambda ref: mark_checked(ref, utc_now()))
+            return True
+        reason = (
+            failed[0][1]
+            if len(verdicts) == 1
+            else "; ".join(f"rank {rank}: {why}" for rank, why in failed)
+        )
+        if self.ranks.is_coordinator:
+            _record(refs, lambda ref: mark_suspect(ref, reason, utc_now()))
+        where = f"checkpoint {self.run} step {loaded.step}"
+        if not fallback:
+            raise SuspectCheckpointError(f"{where} failed the load's check: {reason}")
+        rejected.append(Rejection(loaded.step, loaded.tier, f"check failed: {reason}"))
+        warnings.warn(
+            f"{where} failed the load's check ({reason}): marked suspect; "
+            "trying an older checkpoint",
+            CheckpointFallbackWarning,
+            stacklevel=5,
+        )
+        return False
 
     def _agreed(
         self, step: int, into: object, rejected: builtins.list[Rejection], *, fallback: bool
@@ -131,7 +218,9 @@ class Loader:
                 continue
             copy = CopyInfo(tier=tier.name, location=tier.location(prefix))
             info = CheckpointInfo.from_manifest(manifest, (copy,))
-            return LoadedCheckpoint(step, state, info, tier.name, list(rejected))
+            return LoadedCheckpoint(
+                step, state, info, tier.name, list(rejected), reference_of(manifest.reference)
+            )
         return None
 
     def _loadable(self, manifest: Manifest, *, fallback: bool) -> bool:
@@ -179,6 +268,19 @@ class Loader:
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         return catalog.tiers_holding(self.store.tiers, self.run, step)
+
+
+def _record(refs: builtins.list[CopyRef], write: Callable[[CopyRef], None]) -> None:
+    """Write a check's verdict next to every copy; best effort, like a damage report.
+
+    A tier that fails here must not turn a load into an error: the verdict is
+    found again by the next load that runs the check.
+    """
+    for ref in refs:
+        try:
+            write(ref)
+        except MouthguardError as exc:
+            log.info("could not record the check verdict on %s: %s", ref, exc)
 
 
 def _report_damage(ref: CopyRef, reason: str) -> None:

@@ -10,6 +10,15 @@ construction (a collective call: every rank must construct its
 Its own group matters for async saves: their collectives run in a background
 thread and must never interleave with the training loop's collectives on the
 default (possibly NCCL) group.
+
+A rank that dies (SIGKILL, OOM killer, a node lost) in the middle of a save
+must not hang the others: every collective of the group waits at most its
+timeout (:data:`COLLECTIVE_TIMEOUT` by default, ``Checkpointer(...,
+collective_timeout=...)``), and a collective that fails -- a peer's connection
+closed, or nothing heard within the timeout -- raises :class:`RankLostError` on
+the surviving ranks. The save in flight is then committed only if its manifest
+made it to the fast tier; a restart of all ranks resumes from the newest
+committed checkpoint, and the survivors' staged files are debris for ``gc``.
 """
 
 from __future__ import annotations
@@ -21,10 +30,12 @@ from typing import Any
 
 from typing_extensions import override
 
+from mouthguard.errors import RankLostError
 from mouthguard.format.typed_json import JsonValue
 
-#: How long one checkpoint collective may wait for the slowest rank.
-COLLECTIVE_TIMEOUT = dt.timedelta(minutes=30)
+#: How long one checkpoint collective may wait for the slowest rank: the slowest
+#: rank's write of its file must fit in it, and a dead rank is given up on after it.
+COLLECTIVE_TIMEOUT = dt.timedelta(minutes=5)
 
 
 class RankGroup:
@@ -54,18 +65,34 @@ class RankGroup:
 class TorchRanks(RankGroup):
     """The ranks of an initialised ``torch.distributed`` job, on a private gloo group."""
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, timeout: dt.timedelta = COLLECTIVE_TIMEOUT) -> None:
         import torch.distributed as dist  # noqa: PLC0415 - only for multi-rank jobs
 
         self._dist = dist
+        self.timeout = timeout
         ranks = None if group is None else dist.get_process_group_ranks(group)
-        self._group = dist.new_group(ranks=ranks, backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        self._group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
         self.rank = dist.get_rank(self._group)
         self.world_size = dist.get_world_size(self._group)
 
     @override
     def all_gather(self, value: JsonValue) -> list[JsonValue]:
-        """Every rank's ``value`` as JSON bytes over gloo (see the module docstring)."""
+        """Every rank's ``value`` as JSON bytes over gloo (see the module docstring).
+
+        Raises:
+            RankLostError: a peer died or did not answer within the timeout.
+        """
+        try:
+            return self._all_gather(value)
+        except RuntimeError as exc:  # gloo: a closed connection or a timeout
+            raise RankLostError(
+                f"{self.describe()}: a checkpoint collective failed -- a peer rank died or "
+                f"did not answer within {self.timeout.total_seconds():g} s ({exc}). The save "
+                "in flight is committed only if its manifest reached the fast tier; restart "
+                "every rank to resume from the newest committed checkpoint"
+            ) from exc
+
+    def _all_gather(self, value: JsonValue) -> list[JsonValue]:
         import torch  # noqa: PLC0415 - single-process users of this module never need torch
 
         payload = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
@@ -94,7 +121,7 @@ class TorchRanks(RankGroup):
         return f"rank {self.rank} of {self.world_size}"
 
 
-def detect_ranks(group: Any = None) -> RankGroup:
+def detect_ranks(group: Any = None, timeout: dt.timedelta = COLLECTIVE_TIMEOUT) -> RankGroup:
     """:class:`TorchRanks` when torch.distributed is initialised with >1 rank, else single.
 
     A :class:`RankGroup` given as ``group`` is used as it is: ``RankGroup()`` is
@@ -116,4 +143,4 @@ def detect_ranks(group: Any = None) -> RankGroup:
         return RankGroup()
     if dist.get_world_size(group) <= 1:
         return RankGroup()
-    return TorchRanks(group)
+    return TorchRanks(group, timeout)

@@ -50,6 +50,8 @@ IMPORTANCE = "sidecar.importance.json"
 TRASH = "sidecar.trash.json"
 DAMAGE = "sidecar.damage.json"
 LEGAL_HOLD = "sidecar.legal-hold.json"
+SUSPECT = "sidecar.suspect.json"
+CHECKED = "sidecar.checked.json"
 _HOLD_PREFIX = "sidecar.hold."
 _MAX_SIDECAR_BYTES = 64 * 1024
 
@@ -75,6 +77,8 @@ class Sidecars:
     trashed_at: dt.datetime | None = None
     trash_reason: str = ""
     damage: str = ""
+    suspect: str = ""
+    checked_at: dt.datetime | None = None
 
 
 def hold_name(name: str) -> str:
@@ -174,6 +178,22 @@ def report_damage(ref: CopyRef, reason: str, when: dt.datetime) -> None:
     ref.tier.delete(ref.key(RECEIPT))
 
 
+def mark_suspect(ref: CopyRef, reason: str, when: dt.datetime) -> None:
+    """Record that a semantic check of the loaded state failed (the bytes may be intact)."""
+    _put(ref, SUSPECT, {"reason": reason, "found_at": when.isoformat()})
+    ref.tier.delete(ref.key(CHECKED))
+
+
+def mark_checked(ref: CopyRef, when: dt.datetime) -> None:
+    """Record that a semantic check of the loaded state passed."""
+    _put(ref, CHECKED, {"checked_at": when.isoformat()})
+
+
+def clear_suspect(ref: CopyRef) -> bool:
+    """Forget a suspect mark (an operator judged the state sound)."""
+    return ref.tier.delete(ref.key(SUSPECT))
+
+
 def clear_damage(ref: CopyRef) -> bool:
     """Forget a damage report (the copy was re-verified and is intact)."""
     return ref.tier.delete(ref.key(DAMAGE))
@@ -253,8 +273,29 @@ def read_sidecars(ref: CopyRef) -> Sidecars:
             damage = f"damage report unreadable ({exc})"
     if damage:
         verified_at = None  # a damage report outranks any receipt
+    suspect = ""
+    if SUSPECT in names:
+        try:
+            suspect = str((_read(tier, prefix + SUSPECT) or {}).get("reason", "")) or "suspect"
+        except FormatError as exc:
+            suspect = f"suspect mark unreadable ({exc})"  # still suspect: never trust it
+    checked_at = None
+    if CHECKED in names and not suspect:
+        try:
+            checked_at = _time((_read(tier, prefix + CHECKED) or {}).get("checked_at"))
+        except FormatError as exc:
+            log.warning("ignoring damaged check record of %s: %s", ref, exc)
     return Sidecars(
-        verified_at, importance, changed_at, why, holds, trashed_at, trash_reason, damage
+        verified_at,
+        importance,
+        changed_at,
+        why,
+        holds,
+        trashed_at,
+        trash_reason,
+        damage,
+        suspect,
+        checked_at,
     )
 
 

@@ -47,6 +47,7 @@ from mouthguard.demo import (
     SaveRecord,
     SaveStatus,
 )
+from mouthguard.demo.diverged import DivergedRecord
 from mouthguard.demo.lifecycle import render_lifecycle
 from mouthguard.demo.process import DemoError
 from mouthguard.demo.scenario import run_scenario
@@ -188,6 +189,8 @@ def _show(report: DemoReport, console: Console) -> None:
         console.print(f"{_BAD} [bold red]The resumed run differs from the reference.[/]")
     console.print(f"{_check(report.store_verified)} {_verified(report)}", highlight=False)
     console.print(render_lifecycle(report.lifecycle, report.run, report.store, report.tiers))
+    if report.diverged is not None:
+        console.print(_diverged(report.diverged), highlight=False)
     stall = _stall_summary(report)
     if stall:
         console.print(stall, highlight=False)
@@ -200,6 +203,17 @@ def _show(report: DemoReport, console: Console) -> None:
         highlight=False,
     )
     console.print(_disk_note(disk_use(report), store), highlight=False)
+
+
+def _diverged(record: DivergedRecord) -> str:
+    """One paragraph: the NaN checkpoint skipped by a resume that checks the state."""
+    return (
+        f"\n{_check(record.ok)} [bold]A checkpoint can verify and still be dead.[/] Run"
+        f" {record.run} saved step {record.good_step}, then step {record.nan_step} with a NaN in"
+        f" {record.poisoned} (its bytes are intact: every checksum passes). A resume with"
+        f" load(check=mouthguard.checks.finite()) returned step {record.resumed_step};"
+        f" step {record.nan_step} is marked suspect ({record.suspect})."
+    )
 
 
 def _disk_note(disk: DiskUse, store: str) -> str:

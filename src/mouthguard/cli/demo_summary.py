@@ -68,6 +68,7 @@ def report_json(report: DemoReport, disk: DiskUse) -> dict[str, object]:
         "reference": dataclasses.asdict(report.reference),
         "resumed": dataclasses.asdict(report.resumed),
         "verification": [dataclasses.asdict(c) for c in report.verification],
+        "diverged": None if report.diverged is None else dataclasses.asdict(report.diverged),
         "disk": dataclasses.asdict(disk),
     }
 

@@ -19,6 +19,7 @@ from mouthguard.checkpoint.info import Rejection
 from mouthguard.demo.training import TrainConfig
 
 if TYPE_CHECKING:
+    from mouthguard.demo.diverged import DivergedRecord
     from mouthguard.demo.lifecycle import Lifecycle
 
 __all__ = [
@@ -246,6 +247,7 @@ class DemoReport:
     verification: tuple[CopyCheck, ...]
     lifecycle: Lifecycle
     seconds: float
+    diverged: DivergedRecord | None = None
 
     @property
     def matches(self) -> bool:

@@ -25,6 +25,9 @@ real ``python -m mouthguard.demo.worker`` processes):
 5. **reference** - the same job trains uninterrupted, without checkpoints.
 6. **lifecycle** - the final checkpoints' importance and state, and what retention
    would do to them: a dry run that deletes nothing (:mod:`~mouthguard.demo.lifecycle`).
+7. **diverged** - the final state saved again as a sibling run, then once more
+   with a NaN in its weights; ``load(check=finite())`` skips the NaN step, marks
+   it suspect and resumes from the one before (:mod:`~mouthguard.demo.diverged`).
 
 The final loss and digests of every weight and optimizer tensor of the resumed
 and reference runs must be bitwise identical. Nothing here prints: progress goes
@@ -67,6 +70,7 @@ from mouthguard.demo.damage import (
     set_aside_copies,
     verify_run,
 )
+from mouthguard.demo.diverged import diverge_and_resume
 from mouthguard.demo.lifecycle import inspect_lifecycle
 from mouthguard.demo.process import (
     DemoError,
@@ -387,6 +391,7 @@ def run_scenario(
     verification = scenario.verify()
     reference = scenario.reference()
     lifecycle = inspect_lifecycle(scenario.store, scenario.run)
+    diverged = diverge_and_resume(scenario.store, scenario.run)
     return DemoReport(
         run=scenario.run,
         store=Path(store_path),
@@ -406,4 +411,5 @@ def run_scenario(
         verification=verification,
         lifecycle=lifecycle,
         seconds=time.monotonic() - started,
+        diverged=diverged,
     )

@@ -33,6 +33,8 @@ from mouthguard.checkpoint.quarantine import SetAside, set_aside_confirmed
 from mouthguard.checkpoint.reader import read_manifest
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
+    mark_checked,
+    mark_suspect,
     place_hold,
     read_sidecars,
     write_importance,
@@ -218,7 +220,7 @@ def _discard(dst: Tier, staging: str, final: str) -> None:
 
 
 def _copy_facts(src: CopyRef, dst: CopyRef, manifest: Manifest) -> None:
-    """Carry the mutable facts (importance change, holds) and the hint to the new copy."""
+    """Carry the mutable facts (importance change, holds, check verdict) and the hint."""
     facts = read_sidecars(src)
     when = dt.datetime.now(dt.UTC)
     if facts.importance is not None:
@@ -227,4 +229,8 @@ def _copy_facts(src: CopyRef, dst: CopyRef, manifest: Manifest) -> None:
         )
     for hold in facts.holds:
         place_hold(dst, hold.name, hold.reason, hold.placed_at or when)
+    if facts.suspect:
+        mark_suspect(dst, facts.suspect, when)
+    elif facts.checked_at is not None:
+        mark_checked(dst, facts.checked_at)
     pass_hint_down(dst, facts.importance or manifest.importance, manifest)

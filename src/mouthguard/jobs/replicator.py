@@ -28,7 +28,9 @@ from mouthguard.checkpoint.sidecars import (
     CopyRef,
     clear_legal_hold_mark,
     has_legal_hold_mark,
+    mark_checked,
     mark_legal_hold,
+    mark_suspect,
     place_hold,
     write_importance,
 )
@@ -202,17 +204,22 @@ class Replicator:
     def _sync_facts(
         self, view: CheckpointView, good: list[Tier], report: ReplicationReport
     ) -> None:
-        """Give every intact copy the holds and the newest importance change of any copy.
+        """Give every intact copy the holds, the newest importance change and the check verdict.
 
         A copy committed by a replicator that died before copying the facts (or a
         hold placed while a tier was unreachable) would otherwise lose them once
-        the other copies go. Holds only ever spread, never vanish, this way.
+        the other copies go. Holds and suspect marks only ever spread, never
+        vanish, this way (a suspect copy left alone on a tier would otherwise be
+        resumed from once the marked copy is demoted); a passed check spreads
+        only while no copy is suspect.
         """
         run, step = view.facts.run, view.facts.step
         facts = dict(view.sidecars)
         holds = {h.name: h for _, side in view.sidecars for h in side.holds}
         changes = [s for _, s in view.sidecars if s.importance is not None]
         newest = max(changes, key=lambda s: s.importance_changed_at or _EPOCH, default=None)
+        suspect = next((s.suspect for _, s in view.sidecars if s.suspect), "")
+        checked = next((s.checked_at for _, s in view.sidecars if s.checked_at), None)
         for tier in good:
             side = facts.get(tier.name)
             if side is None:
@@ -233,6 +240,10 @@ class Replicator:
                 ):
                     when = newest.importance_changed_at or _now()
                     write_importance(ref, newest.importance, newest.importance_reason, when)
+                if suspect and not side.suspect:
+                    mark_suspect(ref, suspect, _now())
+                elif checked is not None and not suspect and side.checked_at is None:
+                    mark_checked(ref, checked)
             except MouthguardError as exc:
                 report.shortfalls.append(Shortfall(run, step, f"cannot sync facts to {ref}: {exc}"))
 

@@ -82,9 +82,12 @@ class CheckpointFacts:
         created: commit time (unix seconds).
         valid: ``True`` when the checkpoint was checked and can be loaded,
             ``False`` when it was checked and cannot (every copy corrupt, or its
-            reference values disagree), ``None`` when it was never checked.
+            state failed a semantic check: suspect), ``None`` when it was never
+            checked.
         held: a hold (legal hold, operator hold) is set: nothing of it is
             deleted anywhere while it lasts.
+        checked: a semantic check of its state (``load(check=...)``) passed
+            and none failed (a failed one makes it ``valid=False``).
         metrics: reported values such as ``{"loss": 1.23}`` (read-only copy).
         copies: one entry per tier holding a committed copy; tiers are unique.
 
@@ -100,6 +103,7 @@ class CheckpointFacts:
     held: bool = False
     metrics: Mapping[str, float] = field(default_factory=dict)
     copies: tuple[CopyFacts, ...] = ()
+    checked: bool = False
 
     def __post_init__(self) -> None:
         if self.step < 0:

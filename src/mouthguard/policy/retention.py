@@ -12,7 +12,11 @@ that does, in this fixed order:
      it was never checked) -- a newer *invalid* checkpoint never displaces it;
    * when that one is unchecked, also the newest *proven* valid checkpoint
      (:attr:`CheckpointFacts.proven_valid`: marked valid, or a verified copy),
-     so an unchecked save that later turns out corrupt still has a fallback.
+     so an unchecked save that later turns out corrupt still has a fallback;
+   * the newest checkpoint whose semantic check passed on a resume
+     (:attr:`CheckpointFacts.checked`), when it is not the newest: bytes that
+     verify can still hold a state that trains into NaN, so the last state a
+     resume proved sound stays until a newer one is proved.
 
 4. Keep-last, per run and per level: the last ``keep_last`` checkpoints of that
    level not known to be invalid (routine counts routine saves, transient its
@@ -201,17 +205,24 @@ def _within(candidates: list[CheckpointFacts], config: PolicyConfig, now: float)
 
 
 def _recovery_points(run: str, candidates: list[CheckpointFacts]) -> dict[int, str]:
-    """Rule 3: the newest not-invalid checkpoint, plus the newest proven valid one."""
+    """Rule 3: the newest not-invalid checkpoint, the newest proven valid, the newest checked."""
     if not candidates:
         return {}
     first = candidates[0]
     if first.proven_valid:
-        return {first.step: f"newest valid checkpoint of run {run}"}
-    points = {first.step: f"newest checkpoint of run {run} not known to be invalid (unchecked)"}
-    proven = next((c for c in candidates if c.proven_valid), None)
-    if proven is not None:
-        points[proven.step] = (
-            f"newest verified-valid checkpoint of run {run} (newer ones are unchecked)"
+        points = {first.step: f"newest valid checkpoint of run {run}"}
+    else:
+        points = {first.step: f"newest checkpoint of run {run} not known to be invalid (unchecked)"}
+        proven = next((c for c in candidates if c.proven_valid), None)
+        if proven is not None:
+            points[proven.step] = (
+                f"newest verified-valid checkpoint of run {run} (newer ones are unchecked)"
+            )
+    checked = next((c for c in candidates if c.checked), None)
+    if checked is not None and checked.step not in points:
+        points[checked.step] = (
+            f"newest checkpoint of run {run} whose state passed a check on resume "
+            "(newer ones were not checked)"
         )
     return points
 
