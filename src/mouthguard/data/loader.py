@@ -18,9 +18,10 @@ on S3 cannot be forked from the training process: the S3 client does not survive
 ``fork`` (:mod:`~mouthguard.data.location`). Unless ``multiprocessing_context``
 says otherwise they come from multiprocessing's fork server, a clean process
 started once (it never touched S3) with torch and mouthguard's reader already
-imported, so a worker starts in milliseconds every epoch instead of importing
-torch again as a spawned one would; each opens its own connection from the
-dataset's ``s3://`` URL. A burst signal of
+imported and botocore's S3 models loaded (:mod:`~mouthguard.data.worker_preload`),
+so a worker starts in milliseconds every epoch instead of importing torch again
+as a spawned one would; each opens its own connection from the dataset's
+``s3://`` URL. A burst signal of
 the dataset is mirrored into the workers through shared memory
 (:class:`~mouthguard.data.burst.SharedBurst`) for the iteration's duration.
 """
@@ -38,7 +39,7 @@ from mouthguard.data.burst import SharedBurst
 from mouthguard.data.stream import StreamingDataset
 
 #: Imported once by the fork server, before it forks any worker.
-_PRELOAD = ["__main__", "torch", "mouthguard.data.stream", "mouthguard.tiers.s3"]
+_PRELOAD = ["__main__", "mouthguard.data.worker_preload", "mouthguard.tiers.s3"]
 
 
 def fork_server() -> multiprocessing.context.BaseContext:

@@ -149,6 +149,25 @@ def _make_client(
         )
 
 
+def warm_up() -> None:
+    """Load botocore's S3 models into this process's session, without any request.
+
+    Building the first client of a process reads botocore's service and endpoint
+    models from disk (about 0.2 s); later clients of the same session reuse them.
+    A process that forks many short-lived clients (the fork server of dataset
+    workers) calls this once, so each forked child builds its client in
+    milliseconds. The throwaway client has placeholder credentials and a loopback
+    endpoint, and is never used.
+    """
+    _make_client(
+        "http://127.0.0.1:9",
+        "us-east-1",
+        Credentials("placeholder", "placeholder", None),
+        (1.0, 1.0),
+        1,
+    )
+
+
 def connect(
     url: str,
     *,
