@@ -232,7 +232,12 @@ def size_section(run: SizeRun) -> tuple[list[str], Table]:
     return lines, table
 
 
-def machine_line(root: Path) -> str:
+def machine_line(root: Path, versions: str | None = None) -> str:
+    """CPUs, memory, the filesystem of ``root``, Python and ``versions``, date.
+
+    ``versions``: the packages the report compares (default torch, safetensors
+    and mouthguard), as ``"name version, ..."``.
+    """
     mem = "?"
     with contextlib.suppress(OSError), open("/proc/meminfo") as f:
         for line in f:
@@ -253,10 +258,14 @@ def machine_line(root: Path) -> str:
         )
         # The filesystem's type, not its device or mount path: those name this machine.
         fs = f"{out[1]} ({'the root filesystem' if out[-1] == '/' else 'a separate mount'})"
+    if versions is None:
+        versions = (
+            f"torch {torch.__version__}, safetensors {safetensors.__version__}, "
+            f"mouthguard {mouthguard.__version__}"
+        )
     return (
         f"Machine: {os.cpu_count()} CPUs ({cpu}), {mem} memory; filesystem of the benchmark "
-        f"directory: {fs}; Python {platform.python_version()}, torch {torch.__version__}, "
-        f"safetensors {safetensors.__version__}, mouthguard {mouthguard.__version__}; "
+        f"directory: {fs}; Python {platform.python_version()}, {versions}; "
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC."
     )
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import importlib.metadata
 import math
 import os
-import platform
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.table import Table
 
+import benchmarks.report
 from benchmarks.data import config
 from benchmarks.data.config import CellResult, Epoch
 from benchmarks.harness import CacheDrop
@@ -64,31 +61,9 @@ class RunInfo:
 
 
 def machine_line(root: Path) -> str:
-    """CPUs, memory, the benchmark directory's filesystem, versions, date."""
-    mem = "?"
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                mem = f"{int(line.split()[1]) / 1024**2:.1f} GiB"
-    cpu = platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    fs = "?"
-    with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
-        out = subprocess.run(
-            ["df", "-T", str(root)], capture_output=True, text=True, check=True
-        ).stdout.splitlines()[1]
-        words = out.split()
-        fs = f"{words[1]} ({'the root filesystem' if words[-1] == '/' else 'a separate mount'})"
+    """CPUs, memory, the benchmark directory's filesystem, the loaders' versions, date."""
     versions = ", ".join(f"{p} {_version(p)}" for p in PACKAGES)
-    return (
-        f"Machine: {os.cpu_count()} CPUs ({cpu}), {mem} memory; filesystem of the benchmark "
-        f"directory: {fs}; Python {platform.python_version()}, {versions}; "
-        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC."
-    )
+    return benchmarks.report.machine_line(root, versions)
 
 
 def _version(package: str) -> str:
