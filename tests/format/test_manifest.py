@@ -203,6 +203,8 @@ def test_an_async_save_records_a_stall_shorter_than_the_save(tmp_path: Any) -> N
     raw = (tmp_path / "fast" / "r" / "000000000003" / "manifest.json").read_bytes()
     save = parse_manifest(raw).save
     assert save is not None and save.mode == "async"
+    # An ordering, not a speed: both are measured from the same start on one monotonic
+    # clock, the stall when save_async returns, the save's seconds later, in its job.
     assert 0 < save.stall_seconds <= save.seconds
 
 
