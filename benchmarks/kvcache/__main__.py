@@ -1,9 +1,15 @@
 """Replay a Mooncake-format trace against KVStore and the naive one-file-per-block store.
 
-    python -m benchmarks.kvcache                    # 2000 requests, 256 KiB blocks
+    python -m benchmarks.kvcache                    # 4000 conversation requests, 16 KiB blocks
+    python -m benchmarks.kvcache --profile chat     # the high-reuse chat trace
     python -m benchmarks.kvcache --quick --out /tmp/kv.md
     python -m benchmarks.kvcache --trace real.jsonl # a real Mooncake trace file
     python -m benchmarks.kvcache --lmcache-python /opt/lmcache-venv/bin/python  # + LMCache
+    python -m benchmarks.kvcache --ram-budget-mib 96   # each store in a memory cgroup
+
+With ``--ram-budget-mib`` every store replays in its own process, confined to a
+memory cgroup of its start-up size plus that budget (``benchmarks/kvcache/cgroup.py``),
+so the page cache cannot hold the blocks on disk and disk reads are disk reads.
 
 Prints a markdown report (and writes it with --out). What each figure counts is in
 docs/kvcache.md.
@@ -24,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.kvcache import cgroup
 from benchmarks.kvcache import trace as traces
 from benchmarks.kvcache.naive import NaiveStore
 from mouthguard.kvcache import KVStore
@@ -40,8 +47,10 @@ def fmt(value: float | None, digits: int = 3) -> str:
 
 
 def replay_kvstore(trace: list[traces.Request], root: Path, args: argparse.Namespace) -> dict:
+    """Engine-style: a request reads its stored prefix, then puts the rest without waiting."""
     block = np.random.default_rng(0).integers(0, 256, args.block_kib * 1024, dtype=np.uint8)
     hits = total = 0
+    put_seconds: list[float] = []
     started = time.perf_counter()
     with KVStore(
         disk_dir=root / "kvstore",
@@ -50,30 +59,44 @@ def replay_kvstore(trace: list[traces.Request], root: Path, args: argparse.Names
         block_tokens=1,  # one "token" per Mooncake block id: the ids are the chain
         namespace="bench",
         policy=args.policy,
+        on_full=args.on_full,
     ) as kv:
         for r in trace:
             got = kv.get(r.hash_ids)
             hits += len(got)
             total += len(r.hash_ids)
             rest = len(r.hash_ids) - len(got)
-            kv.put(r.hash_ids, [None] * len(got) + [block] * rest)
+            if rest:
+                t0 = time.perf_counter()
+                kv.put(r.hash_ids, [None] * len(got) + [block] * rest, wait=False)
+                put_seconds.append(time.perf_counter() - t0)
         kv.flush()
         elapsed = time.perf_counter() - started
         stats = kv.stats()
-    return {"hit_rate": hits / total, "stats": stats, "seconds": elapsed}
+    return {
+        "hit_rate": hits / total,
+        "stats": stats,
+        "seconds": elapsed,
+        "put_p50": percentile_ms(put_seconds, 50),
+        "put_p99": percentile_ms(put_seconds, 99),
+    }
 
 
 def replay_naive(trace: list[traces.Request], root: Path, args: argparse.Namespace) -> dict:
     block = np.random.default_rng(0).integers(0, 256, args.block_kib * 1024, dtype=np.uint8)
     store = NaiveStore(root / "naive", (args.memory_mib + args.disk_mib) * MiB)
     hits = total = 0
+    put_seconds: list[float] = []
     started = time.perf_counter()
     for r in trace:
         n = store.longest_prefix(r.hash_ids)
         store.get(r.hash_ids, n)
         hits += n
         total += len(r.hash_ids)
-        store.put(r.hash_ids, n, block)
+        if n < len(r.hash_ids):
+            t0 = time.perf_counter()
+            store.put(r.hash_ids, n, block)
+            put_seconds.append(time.perf_counter() - t0)
     elapsed = time.perf_counter() - started
     files = len(list((root / "naive").iterdir()))
     return {
@@ -83,7 +106,59 @@ def replay_naive(trace: list[traces.Request], root: Path, args: argparse.Namespa
         "p99": percentile_ms(store.latencies, 99),
         "gbps": store.read_bytes / sum(store.latencies) / 1e9 if store.latencies else None,
         "files": files,
+        "put_p50": percentile_ms(put_seconds, 50),
+        "put_p99": percentile_ms(put_seconds, 99),
     }
+
+
+def dict_copy_p50_ms(block_kib: int, blocks: int = 2048, reads: int = 20000) -> float:
+    """The floor for a memory get: a dictionary lookup plus one copy of a block."""
+    rng = np.random.default_rng(1)
+    table = {
+        i.to_bytes(16, "little"): rng.integers(0, 256, block_kib * 1024, np.uint8)
+        for i in range(blocks)
+    }
+    keys = list(table)
+    order = rng.integers(0, blocks, reads)
+    times = []
+    for i in order:
+        t0 = time.perf_counter()
+        table[keys[i]].copy()
+        times.append(time.perf_counter() - t0)
+    return float(np.percentile(times, 50) * 1e3)
+
+
+def replay_confined(which: str, trace_path: Path, root: Path, args: argparse.Namespace) -> dict:
+    """Run one store's replay in a child process inside a memory cgroup (see the docstring)."""
+    out = root / f"{which}.json"
+    command = [
+        sys.executable, "-m", "benchmarks.kvcache", "--child", which,
+        "--trace", str(trace_path), "--dir", str(root), "--child-out", str(out),
+        "--block-kib", str(args.block_kib), "--memory-mib", str(args.memory_mib),
+        "--disk-mib", str(args.disk_mib), "--policy", args.policy, "--on-full", args.on_full,
+        "--ram-budget-mib", str(args.ram_budget_mib),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, check=False)
+    if done.returncode != 0 or not out.exists():
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"{which} replay failed (exit {done.returncode}): {tail}")
+    result: dict = json.loads(out.read_text())
+    return result
+
+
+def child(args: argparse.Namespace) -> int:
+    """``--child``: one replay, confined, its result as JSON in ``--child-out``."""
+    trace = traces.read(args.trace)
+    root = Path(tempfile.mkdtemp(prefix=f"{args.child}-", dir=args.dir))
+    name = f"mouthguard-kvbench-{os.getpid()}"
+    why = cgroup.confine(name, args.ram_budget_mib * MiB)
+    if why is not None:
+        raise SystemExit(why)
+    replay = replay_kvstore if args.child == "kvstore" else replay_naive
+    result = replay(trace, root, args)
+    shutil.rmtree(root, ignore_errors=True)
+    args.child_out.write_text(json.dumps(result))
+    return 0
 
 
 def replay_lmcache(python: str, trace_path: Path, root: Path, args: argparse.Namespace) -> dict:
@@ -115,13 +190,31 @@ def replay_lmcache(python: str, trace_path: Path, root: Path, args: argparse.Nam
     return result
 
 
+def _ratio(a: str, b: str) -> str:
+    try:
+        return f"{float(a) / float(b):.2f}x"
+    except (ValueError, ZeroDivisionError):
+        return "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kvcache")
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--block-kib", type=int, default=256)
-    parser.add_argument("--memory-mib", type=int, default=64)
-    parser.add_argument("--disk-mib", type=int, default=512)
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--block-kib", type=int, default=16)
+    parser.add_argument("--memory-mib", type=int, default=32)
+    parser.add_argument("--disk-mib", type=int, default=384)
     parser.add_argument("--policy", default="lru", choices=["lru", "s3fifo"])
+    parser.add_argument("--profile", default="conversation", choices=["conversation", "chat"])
+    parser.add_argument(
+        "--on-full", default="wait", choices=["wait", "drop"], help="KVStore's on_full option"
+    )
+    parser.add_argument(
+        "--ram-budget-mib",
+        type=int,
+        help="run each store in a memory cgroup of its start-up size plus this (needs root)",
+    )
+    parser.add_argument("--child", choices=["kvstore", "naive"], help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--trace", type=Path, help="a Mooncake-format JSONL trace to replay")
     parser.add_argument("--dir", type=Path, help="where the stores write (default: a temp dir)")
     parser.add_argument("--out", type=Path, help="write the markdown report here too")
@@ -130,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         "--lmcache-python", help="an interpreter with lmcache installed: adds LMCache's row"
     )
     args = parser.parse_args(argv)
+    if args.child:
+        return child(args)
     if args.quick:
         args.requests, args.block_kib, args.memory_mib, args.disk_mib = 200, 32, 2, 16
     load_start = os.getloadavg()
@@ -139,16 +234,29 @@ def main(argv: list[str] | None = None) -> int:
             path = args.trace
             trace = traces.read(path)
             source = f"`{args.trace}` (Mooncake format)"
-        else:
+        elif args.profile == "chat":
             trace = traces.synthetic(args.requests)
             path = root / "synthetic-mooncake.jsonl"
             traces.write(path, trace)
             trace = traces.read(path)  # replayed from the file, as a real trace would be
             source = "synthetic multi-round chat, Zipf-shared prefixes, Mooncake format"
+        else:
+            trace = traces.conversation(args.requests)
+            path = root / "conversation-mooncake.jsonl"
+            traces.write(path, trace)
+            trace = traces.read(path)
+            source = (
+                "synthetic, shaped after Mooncake's conversation trace (low reuse), Mooncake format"
+            )
         capacity_blocks = (args.memory_mib + args.disk_mib) * MiB // (args.block_kib * 1024)
         ideal = traces.ideal_lru_hit_rate(trace, capacity_blocks)
-        mine = replay_kvstore(trace, root, args)
-        naive = replay_naive(trace, root, args)
+        if args.ram_budget_mib:
+            mine = replay_confined("kvstore", path, root, args)
+            naive = replay_confined("naive", path, root, args)
+        else:
+            mine = replay_kvstore(trace, root, args)
+            naive = replay_naive(trace, root, args)
+        floor = dict_copy_p50_ms(args.block_kib)
         peer = None
         if args.lmcache_python:
             peer = replay_lmcache(args.lmcache_python, path, root, args)
@@ -165,33 +273,59 @@ def main(argv: list[str] | None = None) -> int:
         f" memory {args.memory_mib} MiB, disk {args.disk_mib} MiB, policy {args.policy}",
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
         f"- load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f}",
+        "- page cache: "
+        + (
+            f"each store in its own memory cgroup, start-up size + {args.ram_budget_mib} MiB"
+            " (RAM tier, staging and page cache together)"
+            if args.ram_budget_mib
+            else "free (this machine's spare RAM can hold every file)"
+        ),
         f"- command: `python -m benchmarks.kvcache {' '.join(argv or sys.argv[1:])}`",
         "",
         "| store | block hit rate | ideal LRU (same capacity) | tier | get p50 ms | get p99 ms |"
-        " read GB/s | replay s |",
-        "|---|---|---|---|---|---|---|---|",
+        " read GB/s | put p50 ms | put p99 ms | replay s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for tier in ("memory", "disk"):
         t = stats[tier]
         lines.append(
             f"| mouthguard KVStore | {mine['hit_rate']:.3f} | {ideal:.3f} | {tier} |"
             f" {fmt(t['get_p50_ms'])} | {fmt(t['get_p99_ms'])} | {fmt(t['read_gbps'], 2)} |"
-            f" {mine['seconds']:.1f} |"
+            f" {mine['put_p50']} | {mine['put_p99']} | {mine['seconds']:.1f} |"
         )
     lines.append(
-        f"| naive file per block | {naive['hit_rate']:.3f} | {ideal:.3f} | disk (page cache) |"
-        f" {naive['p50']} | {naive['p99']} | {fmt(naive['gbps'], 2)} | {naive['seconds']:.1f} |"
+        f"| naive file per block | {naive['hit_rate']:.3f} | {ideal:.3f} | disk |"
+        f" {naive['p50']} | {naive['p99']} | {fmt(naive['gbps'], 2)} |"
+        f" {naive['put_p50']} | {naive['put_p99']} | {naive['seconds']:.1f} |"
     )
     if peer is None:
-        lines.append("| LMCache local disk | not run (no --lmcache-python) | | | | | | |")
+        lines.append("| LMCache local disk | not run (no --lmcache-python) | | | | | | | | |")
     elif "error" in peer:
-        lines.append(f"| LMCache local disk | failed: {peer['error']} | | | | | | |")
+        lines.append(f"| LMCache local disk | failed: {peer['error']} | | | | | | | | |")
     else:
         lines.append(
             f"| LMCache {peer['version']} local disk | {peer['hit_rate']:.3f} | {ideal:.3f} |"
-            f" disk (page cache) | {fmt(peer['p50_ms'])} | {fmt(peer['p99_ms'])} |"
-            f" {fmt(peer['gbps'], 2)} | {peer['seconds']:.1f} |"
+            f" disk (page cache free) | {fmt(peer['p50_ms'])} | {fmt(peer['p99_ms'])} |"
+            f" {fmt(peer['gbps'], 2)} | | | {peer['seconds']:.1f} |"
         )
+    store = stats["store"]
+    lines += [
+        "",
+        f"Ratios: replay time KVStore / naive {mine['seconds'] / naive['seconds']:.2f}"
+        f" (target <= 1); hit rate / ideal LRU {mine['hit_rate'] / ideal:.3f} (target >= 0.95);"
+        f" memory get p50 {fmt(stats['memory']['get_p50_ms'])} ms against a dictionary lookup"
+        f" plus copy of the same block, {floor:.4f} ms:"
+        f" {(stats['memory']['get_p50_ms'] or 0) / floor:.2f}x (target <= 2);"
+        f" put p99 against the naive store's {_ratio(mine['put_p99'], naive['put_p99'])}"
+        " (target <= 2)."
+        + (
+            f" Against LMCache: replay {mine['seconds'] / peer['seconds']:.2f}x its time."
+            if peer and "seconds" in peer
+            else ""
+        ),
+        f"KVStore staging: peak {store['staging_peak']} B of {store['staging_capacity']} B"
+        f" allowed, {store['dropped']} puts dropped (on_full={store['on_full']}).",
+    ]
     lines += [
         "",
         f"KVStore: memory {stats['memory']['bytes']} / {stats['memory']['capacity']} B,"

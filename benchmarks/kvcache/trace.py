@@ -3,10 +3,17 @@
 Mooncake's released traces are JSON lines ``{"timestamp", "input_length",
 "output_length", "hash_ids"}``: ``hash_ids`` name the request's 512-token blocks,
 already chained (equal ids mean an equal prefix up to and including that block).
-No real trace can be fetched offline here, so :func:`synthetic` writes one of the
-same shape: multi-round chat sessions (each round resends the whole history plus
-a new turn) whose sessions are chosen with Zipf popularity, each session opened
-by one of a few system prompts, also Zipf-popular.
+No real trace can be fetched offline here, so two generators write traces of the
+same shape (``--trace FILE`` replays a real one):
+
+* :func:`synthetic` ("chat"): multi-round chat sessions (each round resends the
+  whole history plus a new turn) chosen with Zipf popularity, each opened by one
+  of a few Zipf-popular system prompts. Reuse is high (an ideal LRU hits ~0.9).
+* :func:`conversation`: shaped after Mooncake's released conversation trace as
+  its published figures describe it (4,000 requests, ~26 blocks each, one block
+  shared by every request, an ideal LRU hit rate of ~0.3 at 26,624 blocks): most
+  requests open a new conversation with a long unique prompt, about one in six
+  continues a recent one. Reuse is low, so puts dominate the replay.
 """
 
 from __future__ import annotations
@@ -52,6 +59,31 @@ def synthetic(
         clock += int(rng.integers(50, 500))
         length = len(ids) * MOONCAKE_BLOCK_TOKENS - int(rng.integers(0, MOONCAKE_BLOCK_TOKENS))
         out.append(Request(clock, length, int(rng.integers(50, 600)), ids))
+    return out
+
+
+def conversation(requests: int, *, seed: int = 0, follow_up: float = 0.16) -> list[Request]:
+    """A put-heavy, low-reuse trace (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    next_id = iter(range(1, 1 << 40))
+    sessions: list[list[int]] = []
+    out = []
+    clock = 0
+    for _ in range(requests):
+        if sessions and rng.random() < follow_up:
+            back = int(min(rng.zipf(1.3), len(sessions)))  # recent conversations return more
+            ids = sessions[-back] + [next(next_id) for _ in range(int(rng.integers(1, 6)))]
+            answer = [next(next_id) for _ in range(int(rng.integers(0, 2)))]
+            sessions[-back] = ids + answer
+        else:
+            length = int(np.clip(rng.lognormal(2.6, 1.0), 1, 400))
+            ids = [0] + [next(next_id) for _ in range(length)]  # block 0: the shared preamble
+            sessions.append(list(ids))
+        clock += int(rng.integers(0, 3000))
+        length_tokens = len(ids) * MOONCAKE_BLOCK_TOKENS - int(
+            rng.integers(0, MOONCAKE_BLOCK_TOKENS)
+        )
+        out.append(Request(clock, length_tokens, int(rng.integers(1, 900)), ids))
     return out
 
 

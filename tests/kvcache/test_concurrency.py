@@ -24,13 +24,14 @@ def test_random_concurrent_puts_gets_and_deletes(tmp_path: Path) -> None:
     capacities = {"memory": 6 * BLOCK, "disk": 24 * BLOCK, "remote": 20 * BLOCK}
     errors: list[BaseException] = []
     over: list[tuple[str, int]] = []
+    remote_tier = MemoryTier()
     kv = KVStore(
         disk_dir=tmp_path / "kv",
         memory_bytes=capacities["memory"],
         disk_bytes=capacities["disk"],
         block_tokens=BT,
         namespace="concurrent",
-        remote=MemoryTier(),
+        remote=remote_tier,
         remote_bytes=capacities["remote"],
         segment_bytes=4 * BLOCK,
     )
@@ -75,15 +76,15 @@ def test_random_concurrent_puts_gets_and_deletes(tmp_path: Path) -> None:
     stats = kv.stats()
     assert stats["store"]["background_failures"] == 0
     assert stats["memory"]["evictions"] > 0
-    # Exclusive placement after the dust settles: every key in exactly one tier.
+    # After the dust settles: nothing left in flight, and every block the remote
+    # index promises has its object (no delete removed a newer copy).
     placement = kv._placement
     with placement.lock:
-        assert placement.disk is not None
         assert placement.remote is not None
-        memory, disk = set(placement.memory), set(placement.disk.index)
-        remote = set(placement.remote.index)
-        assert not (memory & disk) and not (memory & remote) and not (disk & remote)
-        assert not placement.moving and not placement.pending
+        assert not placement.moving and not placement.outbound
+        assert placement.outbound_bytes == 0
+        for key in placement.remote.index:
+            assert remote_tier.exists(placement.remote.object_key(key))
     for toks in conversations:
         got = kv.get(toks)
         want = blocks_for(toks)

@@ -31,6 +31,7 @@ import torch
 import xxhash
 
 from mouthguard.errors import FormatError, KVCacheError
+from mouthguard.tiers.direct_write import ALIGN
 
 #: What a block may be: a numpy array or a torch tensor.
 Block = Any
@@ -67,13 +68,37 @@ class BlockDesc:
         return head + struct.pack(f"<B{len(self.shape)}Q", len(self.shape), *self.shape)
 
 
+def padded(nbytes: int) -> int:
+    """Bytes a payload occupies on disk and in its frame (whole 4 KiB units, at least one)."""
+    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+
+
+def aligned_frame(nbytes: int) -> npt.NDArray[Any]:
+    """A zeroed-tail, 4 KiB-aligned uint8 buffer of ``padded(nbytes)`` bytes.
+
+    A payload kept in one is written to disk as it is, O_DIRECT included, with
+    no bounce copy (:func:`~mouthguard.kvcache.segments.write_payloads`).
+    """
+    span = padded(nbytes)
+    raw = np.empty(span + ALIGN, dtype=np.uint8)
+    start = (-raw.__array_interface__["data"][0]) % ALIGN
+    frame = raw[start : start + span]
+    frame[nbytes:] = 0
+    return frame
+
+
 @dataclass(frozen=True)
 class Payload:
-    """A block's private bytes, description and checksum (see the module docstring)."""
+    """A block's private bytes, description and checksum (see the module docstring).
+
+    ``frame``, when present, is the aligned, zero-padded buffer whose first
+    ``nbytes`` are ``data`` (see :func:`aligned_frame`).
+    """
 
     data: npt.NDArray[Any]  # 1-D uint8, owned by the store, never written after creation
     desc: BlockDesc
     checksum: bytes  # xxh3-128 of key || data
+    frame: npt.NDArray[Any] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -101,18 +126,22 @@ def encode(key: bytes, block: Block) -> Payload:
         if name not in _TORCH_DTYPES:
             raise KVCacheError(f"unsupported torch dtype {block.dtype} for a KV block")
         flat = block.detach().contiguous().reshape(-1).view(torch.uint8)
+        frame = aligned_frame(flat.numel())
+        data = frame[: flat.numel()]
         # One copy either way: device -> host, or host -> the store's own buffer.
-        host = flat.cpu() if flat.device.type != "cpu" else flat.clone()
-        data = host.numpy()
+        torch.from_numpy(data).copy_(flat)
         desc = BlockDesc("torch", name, tuple(int(d) for d in block.shape))
     elif isinstance(block, np.ndarray):
         if block.dtype.kind not in "biufc" or block.dtype.hasobject:
             raise KVCacheError(f"unsupported numpy dtype {block.dtype} for a KV block")
-        data = np.ascontiguousarray(block).reshape(-1).view(np.uint8).copy()
+        frame = aligned_frame(block.nbytes)
+        data = frame[: block.nbytes]
+        source = block if block.flags.c_contiguous else np.ascontiguousarray(block)
+        np.copyto(data, source.reshape(-1).view(np.uint8))
         desc = BlockDesc("numpy", block.dtype.str, tuple(int(d) for d in block.shape))
     else:
         raise KVCacheError(f"a KV block must be a numpy array or torch tensor, got {type(block)}")
-    return Payload(data, desc, block_checksum(key, data))
+    return Payload(data, desc, block_checksum(key, data), frame)
 
 
 def _torch_dtype(name: str) -> torch.dtype:

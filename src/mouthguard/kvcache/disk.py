@@ -9,12 +9,19 @@ the store's lock; only the store's single background mover writes or unlinks.
 
 Space is the bytes of the data files, dead records included (what ``du`` sees),
 and never exceeds the capacity: a record is *planned* (its bytes counted) before
-it is written; evictions only make records dead; space comes back when a segment
-without live records is unlinked, or when a segment's live records are
-*relocated* into the active segment (compaction) and it is unlinked. New
-records may fill only ``capacity - segment_bytes`` (:attr:`DiskLevel.append_limit`):
-the last segment's worth is headroom for those copies, so compaction is always
-possible and eviction is needed only when dead space cannot be reclaimed.
+it is written; deletes only make records dead; space comes back when a segment
+is unlinked -- one without live records, or the oldest one, evicted whole.
+
+**Eviction is by segment, oldest first, with a second chance** (a CLOCK over
+segments, as log-structured flash caches do): when room is needed, the oldest
+segment's blocks that were read since they were written (:meth:`DiskLevel.touch`)
+or are pinned are *relocated* into the active segment, the others leave the
+tier (to the remote tier, or dropped), and the file is unlinked. A hit therefore
+never writes, and a block that is never read again is never copied: the disk
+is written about once per block stored, instead of a compaction copying most of
+a segment to reclaim the scattered holes a per-block LRU leaves. New records may
+fill only ``capacity - segment_bytes`` (:attr:`DiskLevel.append_limit`): the
+last segment's worth is headroom for the relocated copies.
 
 Invariants (under the store's lock):
 
@@ -37,12 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from mouthguard.errors import KVCacheBusyError, KVCacheError
-from mouthguard.kvcache.blocks import Payload, block_checksum
-from mouthguard.kvcache.policy import EvictionPolicy
+from mouthguard.kvcache.blocks import Payload, aligned_frame, block_checksum, padded
 from mouthguard.kvcache.segments import (
     Location,
     append,
@@ -50,7 +55,6 @@ from mouthguard.kvcache.segments import (
     drop_record,
     index_path,
     log_header,
-    padded,
     put_record,
     read_log,
     read_payload,
@@ -86,7 +90,6 @@ class DiskLevel:
     Args:
         directory: created if missing; locked (``flock``) for this instance's life.
         capacity: bytes of data files allowed.
-        policy: eviction order of the tier's blocks.
         segment_bytes: target size of one segment file (default: see above).
         direct_io: write with O_DIRECT where the filesystem allows.
 
@@ -99,14 +102,12 @@ class DiskLevel:
         self,
         directory: str | os.PathLike[str],
         capacity: int,
-        policy: EvictionPolicy,
         *,
         segment_bytes: int | None = None,
         direct_io: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.capacity = capacity
-        self.policy = policy
         self.direct_io = direct_io
         wanted = segment_bytes or min(DEFAULT_SEGMENT_BYTES, capacity // 32)
         self.segment_bytes = max(padded(1), wanted - wanted % padded(1))
@@ -120,7 +121,13 @@ class DiskLevel:
         self.active: int | None = None
         self._next_id = 1
         self._drops: list[tuple[int, bytes]] = []
-        self.recovered = self._recover()
+        #: Keys read since they were written here: kept when their segment is evicted.
+        self.referenced: set[bytes] = set()
+        try:
+            self.recovered = self._recover()
+        except BaseException:
+            self.close()  # a failed open must not keep the directory locked
+            raise
 
     # --- recovery ---
 
@@ -146,7 +153,6 @@ class DiskLevel:
                 if previous is not None:  # a relocation interrupted before the unlink
                     self.segments[previous.segment].live -= previous.span
                     self.segments[previous.segment].keys.discard(key)
-                    self.policy.remove(key)
                 self._publish(key, location)
         self._next_id = (ids[-1] + 1) if ids else 1
         return len(self.index)
@@ -158,7 +164,7 @@ class DiskLevel:
 
     # --- metadata (under the store's lock) ---
 
-    def plan(self, key: bytes, payload: Payload) -> Location:
+    def plan(self, payload: Payload) -> Location:
         """Count a record for ``payload`` in the active segment and return its location.
 
         The caller has made room: ``file_bytes + padded(payload.nbytes) <= capacity``.
@@ -177,7 +183,6 @@ class DiskLevel:
         active.size += span
         active.pending += 1
         self.file_bytes += span
-        del key  # the key is bound by the payload's checksum
         return location
 
     def _create(self, segment: int) -> None:
@@ -196,7 +201,6 @@ class DiskLevel:
         segment = self.segments[location.segment]
         segment.live += location.span
         segment.keys.add(key)
-        self.policy.insert(key, location.span)
 
     def _unpublish(self, key: bytes) -> Location | None:
         location = self.index.pop(key, None)
@@ -204,7 +208,7 @@ class DiskLevel:
             segment = self.segments[location.segment]
             segment.live -= location.span
             segment.keys.discard(key)
-            self.policy.remove(key)
+            self.referenced.discard(key)
         return location
 
     def abandon(self, key: bytes, location: Location) -> None:
@@ -234,7 +238,27 @@ class DiskLevel:
         target.live += new.span
         target.keys.add(key)
         self.index[key] = new
+        self.referenced.discard(key)  # the copy is its second chance
         return True
+
+    def touch(self, key: bytes) -> None:
+        """Note a read of ``key``: its block gets a second chance at eviction."""
+        if key in self.index:
+            self.referenced.add(key)
+
+    def oldest_segment(self) -> int | None:
+        """The segment to evict next: the oldest without records being written.
+
+        The active segment only when it is the only one (it is sealed first).
+        """
+        candidates = [s for s, info in self.segments.items() if not info.pending]
+        older = [s for s in candidates if s != self.active]
+        if older:
+            return min(older)
+        if candidates and self.active in candidates:
+            self.active = None
+            return candidates[0]
+        return None
 
     def dead_segment(self) -> int | None:
         """A segment with no live and no pending records (its space can be returned)."""
@@ -320,7 +344,13 @@ class DiskLevel:
 
     def read(self, key: bytes, location: Location) -> npt.NDArray[Any] | None:
         """The payload's bytes, or None if they are gone or fail their checksum."""
-        out = np.empty(location.nbytes, dtype=np.uint8)
+        frame = self.read_frame(key, location)
+        return None if frame is None else frame[: location.nbytes]
+
+    def read_frame(self, key: bytes, location: Location) -> npt.NDArray[Any] | None:
+        """The payload in an aligned frame (:func:`aligned_frame`), checked; else None."""
+        frame = aligned_frame(location.nbytes)
+        out = frame[: location.nbytes]
         try:
             read_payload(data_path(self.directory, location.segment), location.offset, out)
         except (OSError, EOFError) as exc:
@@ -328,7 +358,7 @@ class DiskLevel:
             return None
         if block_checksum(key, out) != location.checksum:
             return None
-        return out
+        return frame
 
     def flush_drops(self, drops: Sequence[tuple[int, bytes]]) -> None:
         """Append drop records to their segments' logs (a segment already gone is skipped)."""

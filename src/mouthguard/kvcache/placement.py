@@ -1,26 +1,34 @@
-"""Where each block lives: memory, disk, remote -- and the moves between them.
+"""Where each block lives -- memory, the outbound queue, disk, remote -- and RAM admission.
 
-:class:`Placement` holds the three tiers' indexes under one lock and performs
-every move. Reads (:meth:`Placement.lookup`, :meth:`Placement.read`) run in the
-callers' threads; every write (a put, a demotion on eviction, a promotion on a
-hit, a compaction) runs in the store's single mover thread
-(:mod:`~mouthguard.kvcache.mover`), which is what keeps each tier within its
-capacity under concurrency: only one thread ever adds bytes.
+:class:`Placement` holds the tiers' indexes under one lock. It does the work
+that touches only RAM and runs in the callers' threads: lookups, reads, putting
+a block in memory, promoting a copy of a lower tier's block into memory, and
+evicting memory blocks to make room. Every byte written to or deleted from the
+disk or the remote tier is written by the store's single mover thread
+(:mod:`~mouthguard.kvcache.writedown`), which is what keeps those tiers within
+their capacity and makes a stale delete impossible.
 
-**Exclusive placement** (the default): every time the lock is released a block
-is in exactly one tier. A move writes the copy at the destination first
-(invisible), then, under the lock, publishes it *only if the source still holds
-the block* and removes it from the source in the same critical section; if the
-block was deleted meanwhile the copy is discarded. **Write-through** instead
-writes every put to every tier and promotes by copying, so eviction from an
-upper tier needs no write.
+**Clean copies.** Memory holds a hot subset; the disk (then the remote) holds
+the rest and, for blocks that were promoted, the same bytes again. A memory
+block is *clean* when a lower tier holds its key (keys name content: the same
+key is the same bytes), *dirty* otherwise. Promoting a block copies it into
+memory and leaves the lower copy in place; evicting a clean block from memory
+costs nothing; only a dirty victim is written down. So a hit never writes, and
+a block is written to disk at most once while it lives there.
 
-Capacity rules, each checked under the lock before the bytes are counted:
-memory holds ``memory_bytes`` of payloads; disk holds ``disk_bytes`` of segment
-files (dead records included, see :mod:`~mouthguard.kvcache.disk`); remote holds
-``remote_bytes`` of objects. A block bigger than a tier skips it. Pinned blocks
-and blocks being moved are never chosen for eviction; if nothing can be evicted
-the block goes to the next tier down, or is rejected (counted, not an error).
+**Bounded memory.** A dirty victim leaves memory for :attr:`Placement.outbound`,
+where it stays readable until the mover has written it down. The outbound bytes
+never exceed ``staging_bytes``: a put that would need more either drops its
+block (counted in ``stats()["store"]["dropped"]``, as LMCache skips a put its
+allocator cannot place) or waits for the mover, by the store's ``on_full``
+option; a promotion that would need more is skipped (the get still returns the
+block). So RAM held by the store is at most ``memory_bytes + staging_bytes``,
+plus the one block each caller thread is copying.
+
+Invariants (under the lock): ``memory_bytes`` is the sum of memory payloads and
+<= ``memory_capacity``; ``outbound_bytes`` is the sum of outbound payloads and
+<= ``staging_capacity``; a key is in memory or outbound, not both, unless the
+store writes through (then an outbound entry shares the memory payload).
 """
 
 from __future__ import annotations
@@ -34,32 +42,46 @@ from typing import Any
 
 import numpy.typing as npt
 
-from mouthguard.errors import FormatError, MouthguardError
+from mouthguard.errors import FormatError
 from mouthguard.kvcache.blocks import BlockDesc, Payload
 from mouthguard.kvcache.disk import DiskLevel
 from mouthguard.kvcache.policy import EvictionPolicy
-from mouthguard.kvcache.remote import RemoteLevel, object_size
-from mouthguard.kvcache.segments import Location, padded
+from mouthguard.kvcache.remote import RemoteLevel
+from mouthguard.kvcache.segments import Location
 from mouthguard.kvcache.stats import TierStats
 
-#: Called under the lock just before a copy is published: False if the source lost the block.
-Release = Callable[[], bool] | None
 TIERS = ("memory", "disk", "remote")
+#: What a put does when the outbound queue is full: drop the block, or wait for room.
+ON_FULL = ("drop", "wait")
 
 
 @dataclass(frozen=True)
 class Found:
-    """A block read from a tier: its bytes (the caller's to keep) and where it was."""
+    """A block read from a tier.
+
+    ``data`` is the store's own memory when ``shared`` (a memory hit: copy before
+    handing it out); otherwise it is a fresh buffer the caller may keep.
+    """
 
     tier: str
     data: npt.NDArray[Any]
     desc: BlockDesc
     checksum: bytes
-    source: Location | int | None  # disk location, remote size, or None for memory
+    source: Location | None  # the disk location read, else None
+    shared: bool
 
 
 class Placement:
-    """The tiers, their indexes and every move between them (see the module docstring)."""
+    """The tiers' indexes and RAM admission (see the module docstring).
+
+    Args:
+        memory_bytes: capacity of the memory tier.
+        memory_policy: eviction order of memory blocks.
+        disk: the disk tier, or None.
+        remote: the remote tier, or None.
+        staging_bytes: bound on the bytes waiting in :attr:`outbound`.
+        write_through: queue every put for the lower tiers at once (eager cleaning).
+    """
 
     def __init__(
         self,
@@ -68,27 +90,38 @@ class Placement:
         disk: DiskLevel | None,
         remote: RemoteLevel | None,
         *,
+        staging_bytes: int,
         write_through: bool = False,
     ) -> None:
         self.lock = threading.RLock()
+        #: Notified whenever outbound bytes fall (waiting puts re-check).
+        self.room = threading.Condition(self.lock)
         self.memory: dict[bytes, Payload] = {}
         self.memory_bytes = 0
         self.memory_capacity = memory_bytes
         self.memory_policy = memory_policy
+        self.outbound: dict[bytes, Payload] = {}
+        self.outbound_bytes = 0
+        self.staging_capacity = staging_bytes
+        self.staging_peak = 0
         self.disk = disk
         self.remote = remote
         self.write_through = write_through
         self.pins: Counter[bytes] = Counter()
+        #: Keys the mover is moving between disk and remote (not evictable meanwhile).
         self.moving: set[bytes] = set()
-        self.pending: set[bytes] = set()
-        self.garbage: list[bytes] = []
+        #: Keys whose remote object may be stale (deleted by the mover only).
+        self.garbage: set[bytes] = set()
+        self.dropped = 0
         self.stats = {name: TierStats() for name in TIERS}
+        #: Set by the store: schedules a write-down job in the mover (under the lock).
+        self.kick: Callable[[], None] = lambda: None
 
-    # --- lookups and reads (any thread) ---
+    # --- lookups (under the lock) ---
 
     def where(self, key: bytes) -> str | None:
-        """The top tier holding ``key`` (under the lock), or None."""
-        if key in self.memory:
+        """The top tier holding ``key`` (outbound counts as memory), or None."""
+        if key in self.memory or key in self.outbound:
             return "memory"
         if self.disk is not None and key in self.disk.index:
             return "disk"
@@ -96,55 +129,92 @@ class Placement:
             return "remote"
         return None
 
-    def _busy(self, key: bytes) -> bool:
-        return self.pins[key] > 0 or key in self.moving
+    def below(self, key: bytes) -> bool:
+        """Whether a lower tier holds ``key`` (a memory copy of it is clean)."""
+        if self.disk is not None and key in self.disk.index:
+            return True
+        return self.remote is not None and key in self.remote.index
+
+    def busy(self, key: bytes) -> bool:
+        """Pinned, or being moved by the mover: not evictable."""
+        return key in self.moving or self.pins[key] > 0
+
+    def touch(self, tier: str, key: bytes) -> None:
+        """Note a use of ``key`` on ``tier`` for its eviction order."""
+        if tier == "memory":
+            self.memory_policy.hit(key)
+        elif tier == "disk":
+            assert self.disk is not None
+            self.disk.touch(key)
+        else:
+            assert self.remote is not None
+            self.remote.policy.hit(key)
+
+    def configured(self) -> list[str]:
+        """The tiers this store has, top first."""
+        present = {"memory": True, "disk": self.disk is not None, "remote": self.remote is not None}
+        return [name for name in TIERS if present[name]]
+
+    # --- reads (any thread) ---
 
     def read(self, key: bytes) -> Found | None:
-        """Read ``key`` from the tier holding it; None on a miss (a damaged copy is dropped)."""
+        """Read ``key`` from the top tier holding it; None on a miss.
+
+        A memory hit returns the store's own bytes (``shared``): the caller
+        copies them and records the hit with :meth:`record_memory_hit`.
+
+        A damaged disk copy is dropped here (RAM only); a damaged remote object
+        is unindexed and its deletion left to the mover.
+        """
         for _ in range(3):  # a block moved between lookup and read is looked up again
             with self.lock:
-                tier = self.where(key)
                 payload = self.memory.get(key)
+                if payload is not None:
+                    self.memory_policy.hit(key)
+                else:
+                    payload = self.outbound.get(key)
+                if payload is not None:  # the caller copies it and records the hit
+                    return Found("memory", payload.data, payload.desc, payload.checksum, None, True)
+                tier = self.where(key)
                 location = self.disk.index.get(key) if tier == "disk" and self.disk else None
             if tier is None:
                 break
             started = time.perf_counter()
-            found, damaged = self._read_from(tier, key, payload, location)
+            found, damaged = self._read_lower(tier, key, location)
             elapsed = time.perf_counter() - started
             with self.lock:
                 if found is not None:
-                    for above in self._configured()[: self._configured().index(tier)]:
-                        self.stats[above].misses += 1
+                    self.stats["memory"].misses += 1
+                    if tier == "remote" and self.disk is not None:
+                        self.stats["disk"].misses += 1
                     self.stats[tier].read(elapsed, found.data.nbytes)
-                    self.policy_of(tier).hit(key)
+                    self.touch(tier, key)
                     return found
                 if not damaged:
                     break  # unreachable now (a remote outage): a miss, the block stays
                 if self.where(key) == tier and self._drop_damaged(tier, key, location):
                     break
         with self.lock:
-            for name in self._configured():
+            for name in self.configured():
                 self.stats[name].misses += 1
         return None
 
-    def _configured(self) -> list[str]:
-        present = {"memory": True, "disk": self.disk is not None, "remote": self.remote is not None}
-        return [name for name in TIERS if present[name]]
+    def record_memory_hit(self, seconds: float, nbytes: int) -> None:
+        """Count a memory hit that took ``seconds`` (lookup and copy)."""
+        with self.lock:
+            self.stats["memory"].read(seconds, nbytes)
 
-    def _read_from(
-        self, tier: str, key: bytes, payload: Payload | None, location: Location | None
+    def _read_lower(
+        self, tier: str, key: bytes, location: Location | None
     ) -> tuple[Found | None, bool]:
-        """The block, or (None, whether the copy is damaged)."""
-        if tier == "memory":
-            assert payload is not None
-            return Found("memory", payload.data.copy(), payload.desc, payload.checksum, None), False
+        """The block from disk or remote, or (None, whether the copy is damaged)."""
         if tier == "disk":
             assert self.disk is not None
             assert location is not None
             data = self.disk.read(key, location)
             if data is None:
                 return None, True
-            return Found("disk", data, location.desc, location.checksum, location), False
+            return Found("disk", data, location.desc, location.checksum, location, False), False
         assert self.remote is not None
         try:
             got = self.remote.read(key)
@@ -152,10 +222,10 @@ class Placement:
             return None, True
         if got is None:
             return None, False
-        return Found("remote", got[0], got[1], got[2], got[0].nbytes), False
+        return Found("remote", got[0], got[1], got[2], None, False), False
 
     def _drop_damaged(self, tier: str, key: bytes, location: Location | None) -> bool:
-        """After a failed read of a block still in place: drop it (under the lock)."""
+        """After a failed read of a block still in place: unindex it (under the lock)."""
         if tier == "disk":
             assert self.disk is not None
             if self.disk.index.get(key) != location:
@@ -164,346 +234,131 @@ class Placement:
         elif tier == "remote":
             assert self.remote is not None
             self.remote.forget(key)
-            self.garbage.append(key)
+            self.garbage.add(key)
+            self.kick()
         self.stats[tier].corrupt += 1
         return True
 
-    def policy_of(self, tier: str) -> EvictionPolicy:
-        """The eviction policy of ``tier``."""
-        if tier == "memory":
-            return self.memory_policy
-        level = self.disk if tier == "disk" else self.remote
-        assert level is not None
-        return level.policy
+    # --- admission into memory (under the lock, any thread) ---
 
-    # --- deletion (any thread) ---
+    def admit(self, key: bytes, payload: Payload, *, wait: bool) -> bool:
+        """Put a new (dirty) block in memory, evicting to make room; False if dropped.
+
+        Dirty victims go to :attr:`outbound`. When that would pass the staging
+        bound, ``wait`` blocks until the mover makes room; otherwise the block is
+        dropped and counted. Call with the lock held (the wait releases it).
+        """
+        n = payload.nbytes
+        while not self._outbound_fits(n):
+            if not wait:
+                self.dropped += 1
+                return False
+            self.room.wait(timeout=1.0)
+            if self.where(key) is not None:
+                return True  # another thread stored it meanwhile
+        if n > self.memory_capacity or not self._make_room(n):
+            self._queue_outbound(key, payload)  # straight to the lower tiers
+            return True
+        self._insert(key, payload)
+        if self.write_through and self.lower_tiers() and self._outbound_fits(n):
+            self.outbound[key] = payload  # shares the memory payload: written, then clean
+            self.outbound_bytes += n
+            self._note_peak()
+            self.kick()
+        return True
+
+    def promote(self, key: bytes, data: npt.NDArray[Any], found: Found) -> bool:
+        """Copy a block read from a lower tier into memory (the lower copy stays).
+
+        ``data`` becomes the memory copy and must not be handed out. Skipped
+        (False) when the block is gone or moved, or when making room would pass
+        the staging bound: a promotion never blocks a read.
+        """
+        n = data.nbytes
+        if key in self.memory or key in self.outbound or n > self.memory_capacity:
+            return False
+        if found.tier == "disk":
+            if self.disk is None or self.disk.index.get(key) != found.source:
+                return False
+        elif self.remote is None or key not in self.remote.index:
+            return False
+        if not self._outbound_fits(n) or not self._make_room(n):
+            return False
+        self._insert(key, Payload(data, found.desc, found.checksum))
+        self.stats[found.tier].promotions += 1
+        return True
+
+    def lower_tiers(self) -> bool:
+        """Whether blocks can be written down at all."""
+        return self.disk is not None or self.remote is not None
+
+    def _outbound_fits(self, n: int) -> bool:
+        # Dirty victims of an n-byte admission total at most about n bytes.
+        return not self.lower_tiers() or self.outbound_bytes + n <= self.staging_capacity
+
+    def _insert(self, key: bytes, payload: Payload) -> None:
+        self.memory[key] = payload
+        self.memory_bytes += payload.nbytes
+        self.memory_policy.insert(key, payload.nbytes)
+        stats = self.stats["memory"]
+        stats.writes += 1
+        stats.written_bytes += payload.nbytes
+
+    def _make_room(self, n: int) -> bool:
+        """Evict memory blocks until ``n`` more bytes fit; False if too much is pinned."""
+        while self.memory_bytes + n > self.memory_capacity:
+            victim = self.memory_policy.pop_victim(lambda k: k in self.memory and not self.busy(k))
+            if victim is None:
+                return False
+            payload = self.memory.pop(victim)
+            self.memory_bytes -= payload.nbytes
+            self.stats["memory"].evictions += 1
+            if victim in self.outbound or self.below(victim):
+                continue  # clean, or already queued: nothing to write
+            if self.lower_tiers():
+                self._queue_outbound(victim, payload)
+                self.stats["memory"].demotions += 1
+        return True
+
+    def _queue_outbound(self, key: bytes, payload: Payload) -> None:
+        if not self.lower_tiers():
+            self.stats["memory"].rejected += 1
+            return
+        self.outbound[key] = payload
+        self.outbound_bytes += payload.nbytes
+        self._note_peak()
+        self.kick()
+
+    def _note_peak(self) -> None:
+        self.staging_peak = max(self.staging_peak, self.outbound_bytes)
+
+    def release_outbound(self, key: bytes, payload: Payload) -> bool:
+        """Drop ``key``'s outbound entry if it is still ``payload``; wake waiting puts."""
+        if self.outbound.get(key) is not payload:
+            return False
+        del self.outbound[key]
+        self.outbound_bytes -= payload.nbytes
+        self.room.notify_all()
+        return True
+
+    # --- deletion (under the lock, any thread) ---
 
     def delete(self, key: bytes) -> bool:
-        """Remove ``key`` from every tier (under the lock); the remote object follows later."""
-        found = key in self.pending
-        self.pending.discard(key)
+        """Remove ``key`` from every tier; the remote object is deleted later by the mover."""
+        found = False
         payload = self.memory.pop(key, None)
         if payload is not None:
             self.memory_bytes -= payload.nbytes
             self.memory_policy.remove(key)
             found = True
+        queued = self.outbound.get(key)
+        if queued is not None:
+            self.release_outbound(key, queued)
+            found = True
         if self.disk is not None and self.disk.forget(key) is not None:
             found = True
         if self.remote is not None and self.remote.forget(key):
-            self.garbage.append(key)
+            self.garbage.add(key)
+            self.kick()
             found = True
         return found
-
-    # --- moves (the mover thread only) ---
-
-    def store(self, key: bytes, payload: Payload) -> None:
-        """Place a new block (in ``pending`` since ``put``; a delete meanwhile cancels it)."""
-
-        def wanted() -> bool:
-            return key in self.pending
-
-        def release() -> bool:
-            if key not in self.pending:
-                return False
-            self.pending.discard(key)
-            return True
-
-        if self.write_through:
-            self._into_remote(key, payload, wanted)
-            if self.disk is not None:
-                self._into_disk(key, payload, wanted)
-        placed = self._into_memory(key, payload, release, only_memory=self.write_through)
-        with self.lock:
-            self.pending.discard(key)
-            if not placed and self.where(key) is None:
-                self.stats["memory"].rejected += 1
-
-    def promote(self, found: Found, key: bytes) -> None:
-        """Bring a block read from disk or remote into memory (copy or move)."""
-        with self.lock:
-            if key in self.memory or self.where(key) != found.tier or key in self.moving:
-                return
-            if found.tier == "disk" and self.disk and self.disk.index.get(key) != found.source:
-                return
-            self.moving.add(key)
-        payload = Payload(found.data, found.desc, found.checksum)
-
-        def release() -> bool:
-            if found.tier == "disk":
-                assert self.disk is not None
-                if self.disk.index.get(key) != found.source:
-                    return False
-                if not self.write_through:
-                    self.disk.forget(key)
-            else:
-                assert self.remote is not None
-                if key not in self.remote.index:
-                    return False
-                if not self.write_through:
-                    self.remote.forget(key)
-                    self.garbage.append(key)
-            self.stats[found.tier].promotions += 1
-            return True
-
-        try:
-            self._into_memory(key, payload, release, only_memory=True)
-        finally:
-            with self.lock:
-                self.moving.discard(key)
-
-    def _into_memory(
-        self, key: bytes, payload: Payload, release: Release, *, only_memory: bool = False
-    ) -> bool:
-        """Place in memory, demoting victims; else (too big, all pinned) one tier down."""
-        n = payload.nbytes
-        while n <= self.memory_capacity:
-            with self.lock:
-                if self.memory_bytes + n <= self.memory_capacity:
-                    if release is not None and not release():
-                        return True  # the block went away meanwhile: nothing to place
-                    self.memory[key] = payload
-                    self.memory_bytes += n
-                    self.memory_policy.insert(key, n)
-                    self.stats["memory"].writes += 1
-                    self.stats["memory"].written_bytes += n
-                    return True
-                victim = self.memory_policy.pop_victim(
-                    lambda k: k in self.memory and not self._busy(k)
-                )
-                if victim is None:
-                    break
-                self.moving.add(victim)
-                victim_payload = self.memory[victim]
-            self._demote_from_memory(victim, victim_payload)
-        if only_memory:
-            return False
-        return self._into_disk(key, payload, release)
-
-    def spill(self) -> int:
-        """Demote every unpinned memory block (oldest first), e.g. before the process exits."""
-        moved = 0
-        while True:
-            with self.lock:
-                victim = self.memory_policy.pop_victim(
-                    lambda k: k in self.memory and not self._busy(k)
-                )
-                if victim is None:
-                    return moved
-                self.moving.add(victim)
-                payload = self.memory[victim]
-            self._demote_from_memory(victim, payload)
-            moved += 1
-
-    def _demote_from_memory(self, key: bytes, payload: Payload) -> None:
-        def release() -> bool:
-            if self.memory.get(key) is not payload:
-                return False
-            del self.memory[key]
-            self.memory_bytes -= payload.nbytes
-            self.stats["memory"].demotions += 1
-            return True
-
-        try:
-            with self.lock:
-                below = self.disk is not None and key in self.disk.index
-                below = below or (self.remote is not None and key in self.remote.index)
-            if not (below and self.write_through):
-                self._into_disk(key, payload, release)
-        finally:
-            with self.lock:
-                self.moving.discard(key)
-                if self.memory.get(key) is payload:  # no copy below: evicted for good
-                    del self.memory[key]
-                    self.memory_bytes -= payload.nbytes
-                self.stats["memory"].evictions += 1
-
-    def _into_disk(self, key: bytes, payload: Payload, release: Release) -> bool:
-        disk = self.disk
-        if disk is None or padded(payload.nbytes) > disk.append_limit:
-            return self._into_remote(key, payload, release)
-        location = self._plan_on_disk(key, payload)
-        if location is None:
-            return self._into_remote(key, payload, release)
-        try:
-            disk.write([(key, location, payload)])
-        except OSError:
-            with self.lock:
-                disk.abandon(key, location)
-                self.stats["disk"].rejected += 1
-            return False
-        with self.lock:
-            if release is not None and not release():
-                disk.abandon(key, location)
-                return True
-            disk.publish(key, location)
-            self.stats["disk"].writes += 1
-            self.stats["disk"].written_bytes += payload.nbytes
-        return True
-
-    def _plan_on_disk(self, key: bytes, payload: Payload) -> Location | None:
-        """Make room (unlink, compact, evict) and plan the record; None if impossible."""
-        disk = self.disk
-        assert disk is not None
-        span = padded(payload.nbytes)
-        compaction_helps = True
-        while True:
-            victim: tuple[bytes, Location] | None = None
-            live: list[tuple[bytes, Location]] = []
-            with self.lock:
-                before = disk.file_bytes
-                if disk.file_bytes + span <= disk.append_limit:
-                    return disk.plan(key, payload)
-                segment = disk.dead_segment()
-                if segment is None:
-                    segment = disk.compaction_candidate() if compaction_helps else None
-                    if segment is not None:
-                        live = disk.live_in(segment)
-                    else:
-                        evicted = disk.policy.pop_victim(disk.eligible(self._busy))
-                        if evicted is None:
-                            self.stats["disk"].rejected += 1
-                            return None
-                        self.moving.add(evicted)
-                        victim = (evicted, disk.index[evicted])
-            if victim is not None:
-                self._evict_from_disk(*victim)
-            elif live:
-                assert segment is not None
-                self.compact_segment(segment, live)
-                with self.lock:  # a failed compaction (a write error) must not loop
-                    compaction_helps = disk.file_bytes < before
-            elif segment is not None:
-                self._remove_segment(segment)
-
-    def _remove_segment(self, segment: int) -> None:
-        """Unlink a segment without live or pending records, then stop counting it.
-
-        In this order the counted bytes never fall below the files' real size.
-        Only the mover plans records, so none can enter the segment meanwhile.
-        """
-        assert self.disk is not None
-        self.disk.unlink(segment)
-        with self.lock:
-            self.disk.detach(segment)
-
-    def _evict_from_disk(self, key: bytes, location: Location) -> None:
-        disk = self.disk
-        assert disk is not None
-
-        def release() -> bool:
-            if disk.index.get(key) != location:
-                return False
-            disk.forget(key)
-            self.stats["disk"].demotions += 1
-            return True
-
-        try:
-            with self.lock:
-                keep = self.remote is None or (self.write_through and key in self.remote.index)
-            data = None if keep else disk.read(key, location)
-            if data is not None:
-                self._into_remote(key, Payload(data, location.desc, location.checksum), release)
-            elif not keep:
-                with self.lock:
-                    self.stats["disk"].corrupt += 1
-        finally:
-            with self.lock:
-                self.moving.discard(key)
-                if disk.index.get(key) == location:
-                    disk.forget(key)
-                self.stats["disk"].evictions += 1
-
-    def compact_segment(self, segment: int, live: list[tuple[bytes, Location]]) -> None:
-        """Relocate ``segment``'s live records into the active segment, then unlink it."""
-        disk = self.disk
-        assert disk is not None
-        for key, old in live:
-            data = disk.read(key, old)
-            with self.lock:
-                if disk.index.get(key) != old:
-                    continue
-                if data is None:
-                    disk.forget(key)
-                    self.stats["disk"].corrupt += 1
-                    continue
-                payload = Payload(data, old.desc, old.checksum)
-                new = disk.plan(key, payload)
-            try:
-                disk.write([(key, new, payload)])
-            except OSError:
-                with self.lock:
-                    disk.abandon(key, new)
-                return
-            with self.lock:
-                disk.relocated(key, old, new)
-        with self.lock:
-            info = disk.segments.get(segment)
-            if info is None or info.live or info.pending:
-                return
-            if disk.active == segment:
-                disk.active = None
-        self._remove_segment(segment)
-
-    def _into_remote(self, key: bytes, payload: Payload, release: Release) -> bool:
-        remote = self.remote
-        if remote is None or (remote.capacity is not None and payload.nbytes > remote.capacity):
-            return False
-        self.collect_garbage(only=key)  # an old object of this key must not delete the new one
-        size = object_size(payload)
-        while True:
-            with self.lock:
-                if remote.fits(size):
-                    remote.reserved += size  # counted before the object exists
-                    break
-                victim = remote.policy.pop_victim(remote.eligible(self._busy))
-                if victim is None:
-                    self.stats["remote"].rejected += 1
-                    return False
-                self.moving.add(victim)
-            # Deleted before it stops counting, so the counted bytes never fall
-            # below what the tier really holds.
-            remote.delete(victim)
-            with self.lock:
-                remote.forget(victim)
-                self.moving.discard(victim)
-                self.stats["remote"].evictions += 1
-        try:
-            remote.write(key, payload)
-        except MouthguardError:
-            with self.lock:
-                remote.reserved -= size
-                self.stats["remote"].rejected += 1
-            return False
-        except BaseException:
-            with self.lock:
-                remote.reserved -= size
-            raise
-        with self.lock:
-            published = release is None or release()
-            if published:
-                # The reservation becomes the object in one step: never counted twice.
-                remote.reserved -= size
-                remote.publish(key, size)  # our bytes, as the capacity check counted them
-                self.stats["remote"].writes += 1
-                self.stats["remote"].written_bytes += size
-        if not published:
-            remote.delete(key)
-            with self.lock:
-                remote.reserved -= size
-        return True
-
-    def collect_garbage(self, only: bytes | None = None) -> None:
-        """Delete remote objects of blocks no longer indexed there (I/O outside the lock)."""
-        if self.remote is None:
-            return
-        with self.lock:
-            if only is None:
-                doomed, self.garbage = self.garbage, []
-            elif only in self.garbage:
-                self.garbage = [k for k in self.garbage if k != only]
-                doomed = [only]
-            else:
-                return
-            doomed = [k for k in doomed if k not in self.remote.index]
-        for key in doomed:
-            self.remote.delete(key)

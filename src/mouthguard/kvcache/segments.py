@@ -44,7 +44,7 @@ import numpy.typing as npt
 import xxhash
 
 from mouthguard.errors import FormatError
-from mouthguard.kvcache.blocks import BlockDesc, Payload, parse_desc
+from mouthguard.kvcache.blocks import BlockDesc, Payload, padded, parse_desc
 from mouthguard.kvcache.keys import KEY_BYTES
 from mouthguard.tiers.direct_read import read_direct
 from mouthguard.tiers.direct_write import ALIGN, BLOCK_BYTES, BOUNCE_BUFFERS, copy_into
@@ -60,11 +60,6 @@ PUT, DROP = 1, 2
 _MAX_BODY = 4096
 #: Payloads at least this large are read with O_DIRECT (no page-cache copy).
 DIRECT_READ_BYTES = 256 * 1024
-
-
-def padded(nbytes: int) -> int:
-    """Bytes a payload occupies in a data file (at least one 4 KiB unit)."""
-    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
 
 
 def data_path(directory: Path, segment: int) -> Path:
@@ -168,24 +163,53 @@ def _apply(body: bytes, segment: int, data_size: int, live: dict[bytes, Location
 
 
 def append(path: Path, data: bytes) -> None:
-    """Append ``data`` to a file (one ``write`` on an ``O_APPEND`` descriptor)."""
+    """Append ``data`` to a file, all of it (an ``O_APPEND`` descriptor; short writes resumed).
+
+    A failed append is cut back off the file, so no torn record is left in the
+    middle of the log to hide the records appended after it (recovery stops at
+    the first bad record). Only the store's one writer appends, so the length
+    read first is still the file's end.
+
+    Raises:
+        OSError: a write failed or made no progress (a full disk): the caller
+            must treat the records as not written.
+    """
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     try:
-        os.write(fd, data)
+        start = os.fstat(fd).st_size
+        try:
+            _write_all(fd, memoryview(data), path.name)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, view: memoryview, name: str) -> None:
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, f"append to {name} made no progress")
+        view = view[written:]
 
 
 def write_payloads(fd: int, offset: int, payloads: Sequence[Payload], direct: bool) -> bool:
     """Write payloads back to back from ``offset``, each padded (see the module docstring).
 
-    Gathers them into page-aligned bounce buffers so each ``pwrite`` is large and,
-    with O_DIRECT on ``fd``, bypasses the page cache. Returns whether O_DIRECT held
-    (a filesystem that takes the flag but refuses the I/O is written buffered).
+    Payloads kept in aligned frames (every one :func:`~mouthguard.kvcache.blocks.encode`
+    makes) go to the kernel as they are, one ``pwritev`` per :data:`_IOV_MAX`;
+    others are gathered into page-aligned bounce buffers so each ``pwrite`` is
+    large. With O_DIRECT on ``fd`` either bypasses the page cache. Returns whether
+    O_DIRECT held (a filesystem that takes the flag but refuses the I/O is
+    written buffered).
 
     Raises:
         OSError: a write failed.
     """
+    if all(p.frame is not None for p in payloads):
+        return _pwritev(fd, [p.frame for p in payloads if p.frame is not None], offset, direct)
     buffer = BOUNCE_BUFFERS.take()
     view = memoryview(buffer)
     filled, position = 0, offset
@@ -211,6 +235,37 @@ def write_payloads(fd: int, offset: int, payloads: Sequence[Payload], direct: bo
     finally:
         view.release()
         BOUNCE_BUFFERS.give(buffer)
+    return direct
+
+
+#: Buffers per ``pwritev`` (Linux's IOV_MAX).
+_IOV_MAX = 1024
+
+
+def _pwritev(fd: int, frames: list[npt.NDArray[Any]], offset: int, direct: bool) -> bool:
+    views = [memoryview(f.data).cast("B") for f in frames]
+    position = offset
+    while views:
+        chunk = views[:_IOV_MAX]
+        try:
+            written = os.pwritev(fd, chunk, position)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL and direct:
+                flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~getattr(os, "O_DIRECT", 0))
+                direct = False
+                continue
+            raise
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        position += written
+        while written and views:  # drop what was written, resume a short write
+            if written >= views[0].nbytes:
+                written -= views[0].nbytes
+                views.pop(0)
+            else:
+                views[0] = views[0][written:]
+                written = 0
     return direct
 
 

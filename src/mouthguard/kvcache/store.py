@@ -10,12 +10,15 @@ and how they move is :mod:`~mouthguard.kvcache.placement`.
 
 Contracts:
 
-* ``put`` is two-phase: a block is invisible to every lookup until its bytes are
-  complete in a tier. ``put(wait=False)`` returns once the blocks are copied into
-  the store's own memory; the background mover places them.
+* ``put`` copies each new block into the store's memory (device blocks to host)
+  and it is visible to every lookup when ``put`` returns; writing it down to disk
+  or remote happens in the background mover (:mod:`~mouthguard.kvcache.writedown`).
 * ``get`` returns blocks equal to what was put, or stops: a block that fails its
   checksum is a miss, counted (``stats()[tier]["corrupt"]``) and dropped.
-* Capacities are never exceeded, under any number of threads.
+* Capacities are never exceeded, under any number of threads, and RAM is
+  bounded: the memory tier plus ``staging_bytes`` of blocks waiting to be
+  written down, whatever a slow or failing lower tier does (over it a put drops
+  its block and counts it, or waits, by ``on_full``).
 * The importance of KV state is ``transient``: nothing is replicated or
   ``fsync``ed. A crash may lose recent blocks, never return wrong ones.
 * Thread-safe. One ``KVStore`` per disk directory (a lock file enforces it).
@@ -23,9 +26,9 @@ Contracts:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,13 +36,15 @@ from typing import Any
 import numpy.typing as npt
 
 from mouthguard.errors import KVCacheError
+from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
 from mouthguard.kvcache.blocks import Block, decode, encode
 from mouthguard.kvcache.disk import DiskLevel
 from mouthguard.kvcache.keys import KeyChain, KVNamespace
 from mouthguard.kvcache.mover import MAINTENANCE, PREFETCH, STORE, Mover
-from mouthguard.kvcache.placement import Found, Placement
+from mouthguard.kvcache.placement import ON_FULL, Placement
 from mouthguard.kvcache.policy import make_policy
-from mouthguard.kvcache.remote import RemoteLevel
+from mouthguard.kvcache.remote import RemoteLevel, remote_prefix
+from mouthguard.kvcache.writedown import WriteDown
 from mouthguard.policy.importance import Importance
 from mouthguard.tiers.base import Tier
 
@@ -60,10 +65,26 @@ class KVStore:
             with dtype, layout and tensor-parallel rank.
         remote: any mouthguard tier as a third level (None: none).
         remote_bytes: capacity of the remote tier (None: unbounded).
-        policy: ``"lru"`` (default) or ``"s3fifo"`` (scan-resistant).
-        write_through: write every block to every tier (default: exclusive).
+        policy: ``"lru"`` (default) or ``"s3fifo"`` (scan-resistant): the order
+            of the memory and remote tiers (the disk evicts whole segments,
+            oldest first, with a second chance for blocks read since written).
+        write_through: write every put down to disk (and remote) at once, so
+            memory evictions never wait for a write (default: write a block
+            down only when memory evicts it).
         segment_bytes: size of one disk segment file (default: min(64 MiB, disk/32)).
         direct_io: disk I/O without the page cache where the filesystem allows.
+        staging_bytes: bound on the RAM of blocks waiting to be written down
+            (default: a quarter of ``memory_bytes``, at least 16 MiB).
+        on_full: what a ``put(wait=False)`` does when that bound is reached:
+            ``"drop"`` the block (counted in ``stats()["store"]["dropped"]``) or
+            ``"wait"`` until the mover makes room. ``put(wait=True)`` always waits.
+        auth_key: key for the remote objects' MAC (bytes, a keyring, or the
+            ``MOUTHGUARD_MANIFEST_KEY`` syntax); default: that variable, if set.
+            With a key, a remote object without a valid MAC is a miss.
+
+    Raises:
+        KVCacheError: bad sizes or options.
+        KVCacheBusyError: another store holds ``disk_dir``.
     """
 
     def __init__(
@@ -80,8 +101,19 @@ class KVStore:
         write_through: bool = False,
         segment_bytes: int | None = None,
         direct_io: bool = True,
+        staging_bytes: int | None = None,
+        on_full: str = "drop",
+        auth_key: KeySpec | None = None,
     ) -> None:
-        for name, value in (("memory_bytes", memory_bytes), ("disk_bytes", disk_bytes)):
+        if on_full not in ON_FULL:
+            raise KVCacheError(f"on_full must be one of {ON_FULL}, got {on_full!r}")
+        if staging_bytes is None:
+            staging_bytes = max(memory_bytes // 4, 16 << 20)
+        for name, value in (
+            ("memory_bytes", memory_bytes),
+            ("disk_bytes", disk_bytes),
+            ("staging_bytes", staging_bytes),
+        ):
             if not isinstance(value, int) or value < 0:
                 raise KVCacheError(f"{name} must be a non-negative integer, got {value!r}")
         if disk_dir is not None and disk_bytes <= 0:
@@ -93,46 +125,71 @@ class KVStore:
             disk = DiskLevel(
                 disk_dir,
                 disk_bytes,
-                make_policy(policy, disk_bytes),
                 segment_bytes=segment_bytes,
                 direct_io=direct_io,
             )
-        level = None
-        if remote is not None:
-            prefix = f"kvcache/{self.chain.root.hex()[:16]}/"
-            order = make_policy(policy, remote_bytes or 0)
-            level = RemoteLevel(remote, prefix, remote_bytes, order)
-        self._placement = Placement(
-            memory_bytes,
-            make_policy(policy, memory_bytes),
-            disk,
-            level,
-            write_through=write_through,
-        )
+        self.on_full = on_full
+        try:
+            level = None
+            if remote is not None:
+                keys = manifest_keys(auth_key) if auth_key is not None else keys_from_env()
+                prefix = remote_prefix(self.chain.root, keys)
+                order = make_policy(policy, remote_bytes or 0)
+                level = RemoteLevel(remote, prefix, remote_bytes, order, keys=keys)
+            self._placement = Placement(
+                memory_bytes,
+                make_policy(policy, memory_bytes),
+                disk,
+                level,
+                staging_bytes=staging_bytes,
+                write_through=write_through,
+            )
+            if level is not None:
+                self._open_remote(level)
+        except BaseException:
+            if disk is not None:
+                disk.close()  # a failed open must not keep the directory locked
+            raise
         self._closed = False
-        if level is not None:
-            self._open_remote(level, disk)
+        self._writer = WriteDown(self._placement)
         self._mover = Mover("mouthguard-kv-mover")
+        self._write_queued = False
+        self._placement.kick = self._kick
 
-    def _open_remote(self, level: RemoteLevel, disk: DiskLevel | None) -> None:
-        found = level.scan()
+    def _open_remote(self, level: RemoteLevel) -> None:
+        """Index the remote namespace (single-threaded: no mover yet)."""
+        found, unreadable = level.scan()
         placement = self._placement
-        with placement.lock:
-            for key, size in found.items():
-                if disk is not None and key in disk.index and not placement.write_through:
-                    placement.garbage.append(key)  # a move interrupted by a crash: disk wins
-                else:
-                    level.publish(key, size)
-            doomed = []
-            while level.capacity is not None and level.used > level.capacity:
-                victim = level.policy.pop_victim(lambda k: k in level.index)
-                if victim is None:
-                    break
-                level.forget(victim)
-                doomed.append(victim)
+        doomed = list(unreadable)  # objects we cannot size would escape the capacity
+        for key, size in found.items():
+            level.publish(key, size)
+        while level.capacity is not None and level.used > level.capacity:
+            victim = level.policy.pop_victim(lambda k: k in level.index)
+            if victim is None:
+                break
+            level.forget(victim)
+            doomed.append(victim)
         for key in doomed:
             level.delete(key)
-        placement.collect_garbage()
+        placement.stats["remote"].corrupt += len(unreadable)
+
+    def _kick(self) -> None:
+        """Queue one write-down job if none is queued (called under the lock)."""
+        if self._write_queued or self._closed:
+            return
+        try:
+            self._mover.submit(STORE, self._write_down)
+        except RuntimeError:  # closing: close() writes down what is left
+            return
+        self._write_queued = True
+
+    def _write_down(self) -> int:
+        with self._placement.lock:
+            self._write_queued = False  # blocks queued from now on need another job
+        try:
+            return self._writer.write_down()
+        finally:
+            self._housekeeping()
 
     # --- keys and lookups ---
 
@@ -181,8 +238,10 @@ class KVStore:
         """Store one block per full block of ``token_ids``; return how many were new.
 
         ``blocks[i]`` may be None for a block the caller knows is stored (it is
-        skipped). The blocks are copied before this returns; with ``wait=False``
-        they become visible once the background mover has placed them.
+        skipped). The blocks are copied and visible before this returns. With
+        ``wait=True`` it also waits until the mover has written down what the
+        put evicted; with ``wait=False`` a block that would pass the staging
+        bound is dropped (``on_full="drop"``) and not counted as new.
 
         Raises:
             KVCacheError: the number of blocks does not match the tokens, or a
@@ -193,7 +252,7 @@ class KVStore:
     def put_many(
         self, requests: Iterable[tuple[TokenIds, Sequence[Block | None]]], *, wait: bool = True
     ) -> int:
-        """:meth:`put` for several requests, placed by one background job."""
+        """:meth:`put` for several requests."""
         self._check_open()
         fresh = []
         for token_ids, blocks in requests:
@@ -211,36 +270,18 @@ class KVStore:
                     raise KVCacheError("a KV block must not be empty")
                 fresh.append((key, payload))
         placement = self._placement
+        blocking = wait or self.on_full == "wait"
+        stored = 0
         with placement.lock:
-            todo = []
             for key, payload in fresh:
                 tier = placement.where(key)
                 if tier is not None:
-                    placement.policy_of(tier).hit(key)
-                elif key not in placement.pending:
-                    placement.pending.add(key)
-                    todo.append((key, payload))
-        if todo:
-            future = self._mover.submit(STORE, lambda: self._store(todo))
-            if wait:
-                future.result()
-        return len(todo)
-
-    def _store(self, todo: Sequence[tuple[bytes, Any]]) -> None:
-        placement = self._placement
-        try:
-            for key, payload in todo:
-                try:
-                    placement.store(key, payload)
-                finally:
-                    # A failed placement must not leave the key pending forever:
-                    # a pending key is skipped by every later put.
-                    with placement.lock:
-                        placement.pending.discard(key)
-        finally:
-            with placement.lock:
-                placement.pending.difference_update(key for key, _ in todo)
-            self._housekeeping()
+                    placement.touch(tier, key)
+                elif placement.admit(key, payload, wait=blocking):
+                    stored += 1
+        if wait:
+            self._mover.drain()
+        return stored
 
     def _housekeeping(self) -> None:
         placement = self._placement
@@ -248,7 +289,7 @@ class KVStore:
             with placement.lock:
                 drops = placement.disk.take_drops()
             placement.disk.flush_drops(drops)
-        placement.collect_garbage()
+        self._writer.collect_garbage()
 
     # --- get ---
 
@@ -273,34 +314,34 @@ class KVStore:
         prefix there: fewer blocks than :meth:`longest_prefix` promised.
         """
         self._check_open()
+        placement = self._placement
         result: list[Block] = []
         for index, key in enumerate(self.keys(token_ids)):
-            found = self._placement.read(key)
+            started = time.perf_counter()
+            found = placement.read(key)
             if found is None:
                 break
             target = out[index] if out is not None and index < len(out) else None
-            if promote and found.tier != "memory":
-                # The caller owns what it gets back and may write to it: the copy
-                # placed in memory must not share its bytes.
-                private = replace(found, data=found.data.copy()) if target is None else found
-                self._promote_later(private, key)
-            result.append(decode(found.data, found.desc, out=target, device=device))
-        if self._placement.garbage:  # a damaged remote object was dropped: delete it now
-            self._placement.collect_garbage()
+            data = found.data
+            if found.shared:
+                if target is not None:  # straight from the store's memory: one copy
+                    result.append(decode(data, found.desc, out=target))
+                else:
+                    data = data.copy()
+                    result.append(decode(data, found.desc, device=device))
+                placement.record_memory_hit(time.perf_counter() - started, data.nbytes)
+                continue
+            if promote:
+                # The memory copy must not share bytes with what the caller may write.
+                mine = data if target is not None else data.copy()
+                with placement.lock:
+                    placement.promote(key, mine, found)
+            result.append(decode(data, found.desc, out=target, device=device))
         return result
 
     def get_many(self, requests: Iterable[TokenIds], **kwargs: Any) -> list[list[Block]]:
         """:meth:`get` for several requests (``out`` is not accepted here)."""
         return [self.get(t, **kwargs) for t in requests]
-
-    def _promote_later(self, found: Found, key: bytes) -> None:
-        def job() -> None:
-            try:
-                self._placement.promote(found, key)
-            finally:
-                self._housekeeping()
-
-        self._mover.submit(PREFETCH, job)
 
     def prefetch(self, token_ids: TokenIds) -> Future[int]:
         """Bring the stored prefix of ``token_ids`` into memory, ahead of a ``get``.
@@ -312,21 +353,13 @@ class KVStore:
 
         def job() -> int:
             moved = 0
-            try:
-                for key in keys:
+            for key in keys:
+                found = self._placement.read(key)
+                if found is None:
+                    break
+                if not found.shared:
                     with self._placement.lock:
-                        tier = self._placement.where(key)
-                    if tier is None:
-                        break
-                    if tier == "memory":
-                        continue
-                    found = self._placement.read(key)
-                    if found is None:
-                        break
-                    self._placement.promote(found, key)
-                    moved += 1
-            finally:
-                self._housekeeping()
+                        moved += self._placement.promote(key, found.data, found)
             return moved
 
         return self._mover.submit(PREFETCH, job)
@@ -361,9 +394,7 @@ class KVStore:
         """Remove every full block of ``token_ids`` from every tier; return how many existed."""
         self._check_open()
         with self._placement.lock:
-            count = sum(self._placement.delete(key) for key in self.keys(token_ids))
-        self._placement.collect_garbage()
-        return count
+            return sum(self._placement.delete(key) for key in self.keys(token_ids))
 
     # --- maintenance ---
 
@@ -384,28 +415,10 @@ class KVStore:
             return 0
 
         def job() -> int:
-            before = disk.file_bytes
             try:
-                with self._placement.lock:
-                    chosen = [
-                        s
-                        for s, info in disk.segments.items()
-                        if info.size and (info.size - info.live) >= min_dead_fraction * info.size
-                    ]
-                for segment in chosen:
-                    with self._placement.lock:
-                        info = disk.segments.get(segment)
-                        if info is None or info.pending:
-                            continue
-                        if disk.file_bytes + info.live > disk.capacity:
-                            continue  # no room to relocate now; eviction will free it later
-                        if disk.active == segment:
-                            disk.active = None
-                        live = disk.live_in(segment)
-                    self._placement.compact_segment(segment, live)
+                return self._writer.compact(min_dead_fraction)
             finally:
                 self._housekeeping()
-            return max(0, before - disk.file_bytes)
 
         return int(self._mover.submit(MAINTENANCE, job).result())
 
@@ -440,7 +453,12 @@ class KVStore:
                 "block_tokens": self.block_tokens,
                 "importance": IMPORTANCE.value,
                 "write_through": placement.write_through,
-                "pending_blocks": len(placement.pending),
+                "on_full": self.on_full,
+                "staging_bytes": placement.outbound_bytes,
+                "staging_capacity": placement.staging_capacity,
+                "staging_peak": placement.staging_peak,
+                "staging_blocks": len(placement.outbound),
+                "dropped": placement.dropped,
                 "queued_jobs": self._mover.pending(),
                 "background_failures": self._mover.failures,
                 "pinned_blocks": len(placement.pins),
@@ -456,7 +474,7 @@ class KVStore:
         if self._closed:
             return
         if spill and self._placement.disk is not None:
-            self._mover.submit(MAINTENANCE, self._placement.spill).result()
+            self._mover.submit(MAINTENANCE, self._writer.spill).result()
         self._mover.close()
         self._housekeeping()
         self._closed = True
