@@ -21,6 +21,7 @@ Contracts:
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,12 @@ class Payload:
         return int(self.data.nbytes)
 
 
+@functools.lru_cache(maxsize=256)
+def _desc(kind: str, dtype: str, shape: tuple[int, ...]) -> BlockDesc:
+    # One description per block shape in use (immutable, shared by every payload).
+    return BlockDesc(kind, dtype, tuple(int(d) for d in shape))
+
+
 def block_checksum(key: bytes, data: npt.NDArray[Any] | memoryview) -> bytes:
     """xxh3-128 over ``key`` then the bytes of ``data``."""
     hasher = xxhash.xxh3_128()
@@ -130,7 +137,7 @@ def encode(key: bytes, block: Block) -> Payload:
         data = frame[: flat.numel()]
         # One copy either way: device -> host, or host -> the store's own buffer.
         torch.from_numpy(data).copy_(flat)
-        desc = BlockDesc("torch", name, tuple(int(d) for d in block.shape))
+        desc = _desc("torch", name, tuple(block.shape))
     elif isinstance(block, np.ndarray):
         if block.dtype.kind not in "biufc" or block.dtype.hasobject:
             raise KVCacheError(f"unsupported numpy dtype {block.dtype} for a KV block")
@@ -138,12 +145,13 @@ def encode(key: bytes, block: Block) -> Payload:
         data = frame[: block.nbytes]
         source = block if block.flags.c_contiguous else np.ascontiguousarray(block)
         np.copyto(data, source.reshape(-1).view(np.uint8))
-        desc = BlockDesc("numpy", block.dtype.str, tuple(int(d) for d in block.shape))
+        desc = _desc("numpy", block.dtype.str, block.shape)
     else:
         raise KVCacheError(f"a KV block must be a numpy array or torch tensor, got {type(block)}")
     return Payload(data, desc, block_checksum(key, data), frame)
 
 
+@functools.lru_cache(maxsize=64)
 def _torch_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if name not in _TORCH_DTYPES or not isinstance(dtype, torch.dtype):
@@ -151,6 +159,7 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+@functools.lru_cache(maxsize=64)
 def _numpy_dtype(name: str) -> np.dtype[Any]:
     try:
         dtype = np.dtype(name)

@@ -161,7 +161,7 @@ class Placement:
         """Read ``key`` from the top tier holding it; None on a miss.
 
         A memory hit returns the store's own bytes (``shared``): the caller
-        copies them and records the hit with :meth:`record_memory_hit`.
+        copies them and records the hit with :meth:`record_memory_hits`.
 
         A damaged disk copy is dropped here (RAM only); a damaged remote object
         is unindexed and its deletion left to the mover.
@@ -199,10 +199,32 @@ class Placement:
                 self.stats[name].misses += 1
         return None
 
-    def record_memory_hit(self, seconds: float, nbytes: int) -> None:
-        """Count a memory hit that took ``seconds`` (lookup and copy)."""
+    def memory_run(self, keys: list[bytes]) -> list[Payload]:
+        """The payloads of the leading keys held in RAM (memory or outbound), in order.
+
+        The caller copies them (see :class:`Found`) and records the hits with
+        :meth:`record_memory_hits`.
+        """
+        run: list[Payload] = []
         with self.lock:
-            self.stats["memory"].read(seconds, nbytes)
+            memory, outbound, policy = self.memory, self.outbound, self.memory_policy
+            for key in keys:
+                payload = memory.get(key)
+                if payload is not None:
+                    policy.hit(key)
+                else:
+                    payload = outbound.get(key)
+                    if payload is None:
+                        break
+                run.append(payload)
+        return run
+
+    def record_memory_hits(self, seconds: list[float], nbytes: int) -> None:
+        """Count memory hits that took ``seconds`` each (lookup and copy)."""
+        with self.lock:
+            stats = self.stats["memory"]
+            for elapsed in seconds:
+                stats.read(elapsed, nbytes)
 
     def _read_lower(
         self, tier: str, key: bytes, location: Location | None

@@ -315,29 +315,65 @@ class KVStore:
         """
         self._check_open()
         placement = self._placement
+        keys = self.keys(token_ids)
+        # The leading run of memory hits: looked up under one lock hold, copied
+        # outside it (a payload's bytes are never written after creation).
+        started = time.perf_counter()
+        hot = placement.memory_run(keys)
+        lookup = (time.perf_counter() - started) / max(1, len(hot))
         result: list[Block] = []
-        for index, key in enumerate(self.keys(token_ids)):
-            started = time.perf_counter()
-            found = placement.read(key)
-            if found is None:
-                break
+        times: list[float] = []
+        for index, payload in enumerate(hot):
+            began = time.perf_counter()
             target = out[index] if out is not None and index < len(out) else None
-            data = found.data
-            if found.shared:
-                if target is not None:  # straight from the store's memory: one copy
-                    result.append(decode(data, found.desc, out=target))
-                else:
-                    data = data.copy()
-                    result.append(decode(data, found.desc, device=device))
-                placement.record_memory_hit(time.perf_counter() - started, data.nbytes)
-                continue
-            if promote:
-                # The memory copy must not share bytes with what the caller may write.
-                mine = data if target is not None else data.copy()
-                with placement.lock:
-                    placement.promote(key, mine, found)
-            result.append(decode(data, found.desc, out=target, device=device))
+            if target is not None:  # straight from the store's memory: one copy
+                result.append(decode(payload.data, payload.desc, out=target))
+            else:
+                result.append(decode(payload.data.copy(), payload.desc, device=device))
+            times.append(lookup + time.perf_counter() - began)
+        if hot:
+            placement.record_memory_hits(times, hot[0].nbytes)
+        for index in range(len(hot), len(keys)):
+            found = self._get_one(
+                keys[index], index, out=out, device=device, promote=promote, result=result
+            )
+            if not found:
+                break
         return result
+
+    def _get_one(
+        self,
+        key: bytes,
+        index: int,
+        *,
+        out: Sequence[Block] | None,
+        device: Any,
+        promote: bool,
+        result: list[Block],
+    ) -> bool:
+        """Read one block from wherever it is now into ``result``; False on a miss."""
+        placement = self._placement
+        started = time.perf_counter()
+        found = placement.read(key)
+        if found is None:
+            return False
+        target = out[index] if out is not None and index < len(out) else None
+        data = found.data
+        if found.shared:
+            if target is not None:
+                result.append(decode(data, found.desc, out=target))
+            else:
+                data = data.copy()
+                result.append(decode(data, found.desc, device=device))
+            placement.record_memory_hits([time.perf_counter() - started], data.nbytes)
+            return True
+        if promote:
+            # The memory copy must not share bytes with what the caller may write.
+            mine = data if target is not None else data.copy()
+            with placement.lock:
+                placement.promote(key, mine, found)
+        result.append(decode(data, found.desc, out=target, device=device))
+        return True
 
     def get_many(self, requests: Iterable[TokenIds], **kwargs: Any) -> list[list[Block]]:
         """:meth:`get` for several requests (``out`` is not accepted here)."""

@@ -56,7 +56,7 @@ class WriteDown:
             batch = self._take_batch()
             if not batch:
                 return placed
-            placed += self._write_batch(batch)
+            placed += self._write_batch(batch)  # consumes the batch
 
     def _take_batch(self) -> list[tuple[bytes, Payload]]:
         p = self.p
@@ -71,31 +71,37 @@ class WriteDown:
         return batch
 
     def _write_batch(self, batch: list[tuple[bytes, Payload]]) -> int:
+        """Place ``batch``, consuming it: a payload is let go of as its entry is released.
+
+        Holding released payloads would let RAM pass the staging bound (new
+        blocks are admitted into the room a release makes).
+        """
         p = self.p
         disk = p.disk
-        to_remote = batch
         placed = 0
+        to_remote: list[tuple[bytes, Payload]] = []
+        batch.reverse()  # pop() from the end, in queue order
+        if disk is None:
+            to_remote, batch = batch, []
+        records: list[tuple[bytes, Location, Payload]] = []
+        while disk is not None and batch:
+            key, payload = batch.pop()
+            with p.lock:
+                full = disk.file_bytes + padded(payload.nbytes) > disk.append_limit
+            if full and records:
+                # Write what is planned first: a segment with records being
+                # written cannot be evicted to make room.
+                placed += self._write_records(disk, records)
+            location = self._plan_on_disk(disk, payload)
+            if location is None:
+                to_remote.append((key, payload))
+            else:
+                records.append((key, location, payload))
+            del payload
         if disk is not None:
-            records: list[tuple[bytes, Location, Payload]] = []
-            to_remote = []
-            for key, payload in batch:
-                with p.lock:
-                    full = disk.file_bytes + padded(payload.nbytes) > disk.append_limit
-                if full and records:
-                    # Write what is planned first: a segment with records being
-                    # written cannot be evicted to make room.
-                    placed += self._write_records(disk, records)
-                    records = []
-                location = self._plan_on_disk(disk, payload)
-                if location is None:
-                    to_remote.append((key, payload))
-                else:
-                    records.append((key, location, payload))
             placed += self._write_records(disk, records)
-            if p.write_through and p.remote is not None:
-                for key, _, payload in records:  # the remote gets a copy too
-                    self._into_remote(key, payload, lambda k=key: p.where(k) is not None)
-        for key, payload in to_remote:
+        while to_remote:
+            key, payload = to_remote.pop()
             if self._into_remote(key, payload, lambda k=key, pl=payload: p.outbound.get(k) is pl):
                 with p.lock:
                     if p.release_outbound(key, payload):
@@ -104,11 +110,13 @@ class WriteDown:
                 with p.lock:  # nowhere to put it: the block is dropped
                     if p.release_outbound(key, payload):
                         p.stats["disk" if disk is not None else "remote"].rejected += 1
+            del payload
         return placed
 
     def _write_records(
         self, disk: DiskLevel, records: list[tuple[bytes, Location, Payload]]
     ) -> int:
+        """Write planned records, publish them, and empty ``records``."""
         if not records:
             return 0
         p = self.p
@@ -121,7 +129,11 @@ class WriteDown:
                     disk.abandon(key, location)
                     if p.release_outbound(key, payload):
                         p.stats["disk"].rejected += 1
+            records.clear()
             return 0
+        if p.write_through and p.remote is not None:
+            for key, _, payload in records:  # the remote gets a copy too, before release
+                self._into_remote(key, payload, lambda k=key: p.where(k) is not None)
         placed = 0
         with p.lock:
             stats = p.stats["disk"]
@@ -133,6 +145,7 @@ class WriteDown:
                     placed += 1
                 else:
                     disk.abandon(key, location)  # deleted or re-put meanwhile
+            records.clear()
         return placed
 
     # --- making room on disk ---
