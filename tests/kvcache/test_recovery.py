@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from mouthguard.kvcache import KVStore
+from mouthguard.errors import TierError
+from mouthguard.kvcache import KVStore, segments
 from mouthguard.kvcache.segments import data_path, index_path, segment_ids
+from mouthguard.tiers.base import ObjectInfo
+from mouthguard.tiers.memory import MemoryTier
+from mouthguard.tiers.wrapper import WrappedTier
 from tests.kvcache.helpers import BT, blocks_for, tokens
 
 BLOCK = 4096
@@ -157,3 +164,54 @@ os._exit(0)  # no close(): as if killed
             got = kv.get(toks)
             assert all(np.array_equal(g, np.full(1024, i, dtype=np.float32)) for g in got)
         assert kv.stats()["disk"]["recovered"] > 0
+
+
+def test_an_append_cut_short_is_taken_back_so_later_records_survive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full disk: the index append writes part of its records, then fails. The
+    # torn records must not stay in the log, or recovery would stop there and
+    # lose every record appended after them.
+    directory = tmp_path / "kv"
+    first, second, third = tokens(20, 1), tokens(21, 1), tokens(22, 1)
+    real_write = os.write
+    calls = {"n": 0}
+
+    def short_then_full(fd: int, data: bytes | memoryview) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data)[:5])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with open_store(directory) as kv:
+        kv.put(first, blocks_for(first))
+        monkeypatch.setattr(segments.os, "write", short_then_full)
+        kv.put(second, blocks_for(second))  # dropped: its record could not be logged
+        monkeypatch.setattr(segments.os, "write", real_write)
+        assert kv.stats()["disk"]["rejected"] == 1
+        kv.put(third, blocks_for(third))
+    with open_store(directory) as kv:
+        assert kv.longest_prefix(first) == BT
+        assert kv.longest_prefix(second) == 0
+        assert kv.longest_prefix(third) == BT  # appended after the failed one: kept
+
+
+def test_remote_objects_that_cannot_be_sized_are_deleted_not_ignored(tmp_path: Path) -> None:
+    class HeadFails(WrappedTier):
+        broken = "-"
+
+        def head(self, key: str) -> ObjectInfo:
+            if key.endswith(self.broken):
+                raise TierError("head failed")
+            return super().head(key)
+
+    remote = HeadFails(MemoryTier())
+    toks = tokens(30, 2)
+    with KVStore(memory_bytes=0, block_tokens=BT, namespace="sized", remote=remote) as kv:
+        kv.put(toks, blocks_for(toks))
+        remote.broken = kv.keys(toks)[1].hex()
+    with KVStore(memory_bytes=0, block_tokens=BT, namespace="sized", remote=remote) as kv:
+        assert kv.longest_prefix(toks) == BT
+        assert kv.stats()["remote"]["corrupt"] == 1
+        assert kv.stats()["remote"]["blocks"] == 1
+    assert not any(n.endswith(remote.broken) for n in remote.list("kvcache/"))
