@@ -229,6 +229,13 @@ def decode(
     return data.view(_numpy_dtype(desc.dtype)).reshape(desc.shape)
 
 
+def rebuild(data: npt.NDArray[Any], desc: BlockDesc) -> Block:
+    """:func:`decode` without ``out`` or ``device``: a view of ``data`` as the block."""
+    if desc.kind == "torch":
+        return torch.from_numpy(data).view(_torch_dtype(desc.dtype)).reshape(desc.shape)
+    return data.view(_numpy_dtype(desc.dtype)).reshape(desc.shape)
+
+
 def _fill(out: Block, data: npt.NDArray[Any]) -> Block:
     if isinstance(out, torch.Tensor):
         if out.nbytes != data.nbytes or not out.is_contiguous():

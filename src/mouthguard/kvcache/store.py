@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from mouthguard.errors import KVCacheError
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
-from mouthguard.kvcache.blocks import Block, decode, encode
+from mouthguard.kvcache.blocks import Block, decode, encode, rebuild
 from mouthguard.kvcache.disk import DiskLevel
 from mouthguard.kvcache.keys import KeyChain, KVNamespace
 from mouthguard.kvcache.mover import MAINTENANCE, PREFETCH, STORE, Mover
@@ -323,14 +323,17 @@ class KVStore:
         lookup = (time.perf_counter() - started) / max(1, len(hot))
         result: list[Block] = []
         times: list[float] = []
+        plain = out is None and device is None
+        clock = time.perf_counter
         for index, payload in enumerate(hot):
-            began = time.perf_counter()
-            target = out[index] if out is not None and index < len(out) else None
-            if target is not None:  # straight from the store's memory: one copy
-                result.append(decode(payload.data, payload.desc, out=target))
+            began = clock()
+            if plain:  # the common case, inlined: one copy, rebuilt as the caller's type
+                result.append(rebuild(payload.data.copy(), payload.desc))
+            elif out is not None and index < len(out):  # straight into the caller's buffer
+                result.append(decode(payload.data, payload.desc, out=out[index]))
             else:
                 result.append(decode(payload.data.copy(), payload.desc, device=device))
-            times.append(lookup + time.perf_counter() - began)
+            times.append(lookup + clock() - began)
         if hot:
             placement.record_memory_hits(times, hot[0].nbytes)
         for index in range(len(hot), len(keys)):
