@@ -52,8 +52,9 @@ ALLOWED: dict[str, set[str]] = {
     "testing": {"errors", "tiers", "testing"},  # the kit for tier authors: above tiers only
     # Datasets: shards, manifests (signed as checkpoints are), the cache and the loader.
     "data": {"errors", "format", "tiers", "data"},
-    # KV-cache blocks for inference: transient state over memory, disk and any tier.
-    "kvcache": {"errors", "policy", "tiers", "kvcache"},
+    # KV-cache blocks for inference: transient state over memory, disk and any tier;
+    # format.signing only for the store key that MACs remote objects.
+    "kvcache": {"errors", "format", "policy", "tiers", "kvcache"},
     # Trainer plug-ins (Lightning, Hugging Face): adapters above checkpoint, as dcp is.
     "integrations": _BASE | {"checkpoint", "integrations"},
     # Inference cold start: weights files (HF directories, checkpoints) into device memory,

@@ -64,9 +64,15 @@ class BlockDesc:
 
     def encode(self) -> bytes:
         """Compact binary form: kind, dtype, rank, dims (little-endian)."""
-        name = self.dtype.encode("ascii")
-        head = struct.pack("<BB", _KINDS.index(self.kind), len(name)) + name
-        return head + struct.pack(f"<B{len(self.shape)}Q", len(self.shape), *self.shape)
+        return _encoded_desc(self)
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded_desc(desc: BlockDesc) -> bytes:
+    # Every record and object of a block shape carries the same bytes: made once.
+    name = desc.dtype.encode("ascii")
+    head = struct.pack("<BB", _KINDS.index(desc.kind), len(name)) + name
+    return head + struct.pack(f"<B{len(desc.shape)}Q", len(desc.shape), *desc.shape)
 
 
 def padded(nbytes: int) -> int:

@@ -354,13 +354,17 @@ class Placement:
     def _note_peak(self) -> None:
         self.staging_peak = max(self.staging_peak, self.outbound_bytes)
 
-    def release_outbound(self, key: bytes, payload: Payload) -> bool:
-        """Drop ``key``'s outbound entry if it is still ``payload``; wake waiting puts."""
+    def release_outbound(self, key: bytes, payload: Payload, *, wake: bool = True) -> bool:
+        """Drop ``key``'s outbound entry if it is still ``payload``; wake waiting puts.
+
+        ``wake=False`` leaves the wake-up to the caller (one per batch, under the lock).
+        """
         if self.outbound.get(key) is not payload:
             return False
         del self.outbound[key]
         self.outbound_bytes -= payload.nbytes
-        self.room.notify_all()
+        if wake:
+            self.room.notify_all()
         return True
 
     # --- deletion (under the lock, any thread) ---

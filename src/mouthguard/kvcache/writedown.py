@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: Bytes of outbound blocks written per batch: large writes, short lock holds.
 BATCH_BYTES = 8 * 1024 * 1024
+#: Records published per lock hold.
+PUBLISH_SLICE = 64
 
 
 class WriteDown:
@@ -135,17 +137,21 @@ class WriteDown:
             for key, _, payload in records:  # the remote gets a copy too, before release
                 self._into_remote(key, payload, lambda k=key: p.where(k) is not None)
         placed = 0
-        with p.lock:
-            stats = p.stats["disk"]
-            for key, location, payload in records:
-                if p.release_outbound(key, payload):
-                    disk.publish(key, location)
-                    stats.writes += 1
-                    stats.written_bytes += payload.nbytes
-                    placed += 1
-                else:
-                    disk.abandon(key, location)  # deleted or re-put meanwhile
-            records.clear()
+        # Published in slices, so readers waiting for the lock wait for a slice,
+        # not for a whole batch of hundreds of blocks.
+        for start in range(0, len(records), PUBLISH_SLICE):
+            with p.lock:
+                stats = p.stats["disk"]
+                for key, location, payload in records[start : start + PUBLISH_SLICE]:
+                    if p.release_outbound(key, payload, wake=False):
+                        disk.publish(key, location)
+                        stats.writes += 1
+                        stats.written_bytes += payload.nbytes
+                        placed += 1
+                    else:
+                        disk.abandon(key, location)  # deleted or re-put meanwhile
+                p.room.notify_all()
+        records.clear()
         return placed
 
     # --- making room on disk ---
