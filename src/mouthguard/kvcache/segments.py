@@ -209,7 +209,8 @@ def write_payloads(fd: int, offset: int, payloads: Sequence[Payload], direct: bo
         OSError: a write failed.
     """
     if all(p.frame is not None for p in payloads):
-        return _pwritev(fd, [p.frame for p in payloads if p.frame is not None], offset, direct)
+        frames = [memoryview(p.frame.data).cast("B") for p in payloads if p.frame is not None]
+        return _pwritev(fd, frames, offset, direct)
     buffer = BOUNCE_BUFFERS.take()
     view = memoryview(buffer)
     filled, position = 0, offset
@@ -242,13 +243,18 @@ def write_payloads(fd: int, offset: int, payloads: Sequence[Payload], direct: bo
 _IOV_MAX = 1024
 
 
-def _pwritev(fd: int, frames: list[npt.NDArray[Any]], offset: int, direct: bool) -> bool:
-    views = [memoryview(f.data).cast("B") for f in frames]
+def _pwritev(fd: int, views: list[memoryview], offset: int, direct: bool) -> bool:
+    """Write ``views`` back to back from ``offset``, resuming short writes.
+
+    Returns whether O_DIRECT held: a refused O_DIRECT (EINVAL) is switched off
+    on ``fd`` and the write retried buffered.
+    """
+    views = list(views)
     position = offset
-    while views:
-        chunk = views[:_IOV_MAX]
+    first = 0
+    while first < len(views):
         try:
-            written = os.pwritev(fd, chunk, position)
+            written = os.pwritev(fd, views[first : first + _IOV_MAX], position)
         except OSError as exc:
             if exc.errno == errno.EINVAL and direct:
                 flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -259,32 +265,18 @@ def _pwritev(fd: int, frames: list[npt.NDArray[Any]], offset: int, direct: bool)
         if written <= 0:
             raise OSError(errno.EIO, "write made no progress")
         position += written
-        while written and views:  # drop what was written, resume a short write
-            if written >= views[0].nbytes:
-                written -= views[0].nbytes
-                views.pop(0)
+        while written and first < len(views):  # drop what was written
+            if written >= views[first].nbytes:
+                written -= views[first].nbytes
+                first += 1
             else:
-                views[0] = views[0][written:]
+                views[first] = views[first][written:]
                 written = 0
     return direct
 
 
 def _pwrite(fd: int, view: memoryview, offset: int, direct: bool) -> bool:
-    done = 0
-    while done < view.nbytes:
-        try:
-            written = os.pwrite(fd, view[done:], offset + done)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL and direct:
-                flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-                fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~getattr(os, "O_DIRECT", 0))
-                direct = False
-                continue
-            raise
-        if written <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        done += written
-    return direct
+    return _pwritev(fd, [view], offset, direct)
 
 
 def read_payload(path: Path, offset: int, out: npt.NDArray[Any]) -> None:
