@@ -102,6 +102,8 @@ def test_settings_that_would_break_the_position_are_refused(ds: Path) -> None:
         StreamingDataLoader(make(ds), batch_size=BATCH + 1)
     with pytest.raises(ValueError, match="persistent_workers"):
         StreamingDataLoader(make(ds), num_workers=1, persistent_workers=True)
+    with pytest.raises(ValueError, match="in_order=False"):
+        StreamingDataLoader(make(ds), num_workers=2, in_order=False)
 
 
 class CountingTier(LocalTier):

@@ -62,10 +62,11 @@ class StreamingDataLoader(DataLoader[Any]):
             (then each item counts as one sample).
         **kwargs: any other ``DataLoader`` argument (``num_workers``,
             ``collate_fn``, ``pin_memory``, ``prefetch_factor``, ...), except
-            ``persistent_workers=True``.
+            ``persistent_workers=True`` and ``in_order=False``.
 
     Raises:
-        ValueError: the batch sizes differ, or ``persistent_workers`` is set.
+        ValueError: the batch sizes differ, ``persistent_workers`` is set, or
+            ``in_order`` is False (out-of-order batches break the resume position).
     """
 
     def __init__(
@@ -84,6 +85,11 @@ class StreamingDataLoader(DataLoader[Any]):
             )
         if kwargs.get("persistent_workers"):
             raise ValueError("persistent_workers would keep a stale dataset position; leave it off")
+        if kwargs.get("in_order", True) is False:
+            raise ValueError(
+                "in_order=False hands batches out as workers finish them, so the position a "
+                "state_dict records would not be the samples delivered; leave it on"
+            )
         location = dataset.dataset.location
         if kwargs.get("num_workers", 0) > 0 and not location.fork_safe:
             if location.spec is None:

@@ -63,6 +63,7 @@ from mouthguard.data.order import (
 )
 from mouthguard.data.position import Position, parse_position, restore
 from mouthguard.data.prefetch import Closeable, Opener, Prefetcher
+from mouthguard.data.scratch import default_shard_dir
 from mouthguard.data.tarread import TarUnits
 from mouthguard.data.verified import VerifiedFiles
 from mouthguard.format.signing import KeySpec
@@ -178,7 +179,7 @@ class StreamingDataset(IterableDataset[Any]):
         Partition(self.rank, self.world_size)  # refuses a rank outside the world now
         self.verified_dir: str | None = None
         if cache_dir is None and not isinstance(self.dataset.location.tier, LocalTier):
-            cache_dir = tempfile.mkdtemp(prefix="mouthguard-data-")
+            cache_dir = default_shard_dir()  # warns if that is RAM
             weakref.finalize(self, _remove_tree, cache_dir, os.getpid())
         elif cache_dir is None:
             self.verified_dir = tempfile.mkdtemp(prefix="mouthguard-verified-")
