@@ -244,3 +244,18 @@ def test_index_exit_codes_for_what_cannot_be_indexed(
     with pytest.raises(SystemExit) as exited:
         main(["data", "index", str(tmp_path / "text"), "--kind", "csv"])
     assert exited.value.code == 2
+
+
+def test_pack_names_a_refused_file_before_any_progress(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_tree(tmp_path / "src", n=3)
+    (tmp_path / "src" / "IMG_1.JPG").write_bytes(b"x")
+    code, out, err = run(capsys, "pack", str(tmp_path / "src"), str(tmp_path / "out"))
+    assert code != 0
+    assert "IMG_1" in err and "--lowercase-extensions" in err
+    assert "packing" not in err  # the survey refused it: no bar was drawn
+    code, out, _ = run(
+        capsys, "pack", str(tmp_path / "src"), str(tmp_path / "out"), "--lowercase-extensions"
+    )
+    assert code == 0 and "packed 5 samples" in out

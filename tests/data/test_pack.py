@@ -107,3 +107,34 @@ def test_a_symlinked_directory_is_refused_not_skipped(tmp_path: Path) -> None:
 def test_source_must_be_a_directory(tmp_path: Path) -> None:
     with pytest.raises(SampleError, match="not a directory"):
         pack(tmp_path / "missing", tmp_path / "out", "ds")
+
+
+def test_uppercase_extensions_are_packed_lowercased_when_asked(tmp_path: Path) -> None:
+    src = tmp_path / "camera"
+    src.mkdir()
+    (src / "IMG_0001.JPG").write_bytes(b"jpeg bytes")
+    (src / "IMG_0001.json").write_bytes(b"{}")
+    with pytest.raises(SampleError, match="--lowercase-extensions"):
+        pack(src, tmp_path / "out", "refused")
+    manifest = pack(src, tmp_path / "out", "ds", lowercase_extensions=True)
+    assert manifest.samples == 1
+    (shard,) = (tmp_path / "out" / "ds" / "shards").glob("*.tar")
+    samples = list(wds.WebDataset(str(shard), shardshuffle=False, empty_check=False))
+    assert samples[0]["jpg"] == b"jpeg bytes" and samples[0]["json"] == b"{}"
+
+
+def test_members_that_collide_once_lowercased_are_refused(tmp_path: Path) -> None:
+    src = tmp_path / "camera"
+    src.mkdir()
+    (src / "x.JPG").write_bytes(b"upper")
+    (src / "x.jpg").write_bytes(b"lower")
+    with pytest.raises(SampleError, match="both member 'jpg'"):
+        pack(src, tmp_path / "out", "ds", lowercase_extensions=True)
+
+
+def test_the_survey_refuses_what_pack_would_before_anything_is_written(tmp_path: Path) -> None:
+    make_tree(tmp_path / "src", n=3)
+    (tmp_path / "src" / "class1" / "z.JPG").write_bytes(b"x")
+    with pytest.raises(SampleError, match=r"z\.\*: .*--lowercase-extensions"):
+        source_bytes(tmp_path / "src")
+    assert source_bytes(tmp_path / "src", lowercase_extensions=True) > 0

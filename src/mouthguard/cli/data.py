@@ -88,6 +88,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=DEFAULT_SHARD_SIZE,
         help="target shard size (default 256MiB; 1GiB, 500MB, or bytes)",
     )
+    pack_cmd.add_argument(
+        "--lowercase-extensions",
+        action="store_true",
+        help="pack x.JPG as member jpg (WebDataset lowercases extensions on read)",
+    )
     pack_cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
     index = commands.add_parser(
@@ -178,7 +183,9 @@ def _human(n: float) -> str:
 def _pack(args: argparse.Namespace, console: Console, err: Console) -> int:
     src = Path(args.src)
     name = args.name or src.resolve().name
-    total = source_bytes(src) if src.is_dir() else 0
+    lowercase = args.lowercase_extensions
+    # Walks and checks the whole tree first: a refused file is named before any bar is drawn.
+    total = source_bytes(src, lowercase_extensions=lowercase) if src.is_dir() else 0
     columns = (TextColumn("packing"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
     with Progress(*columns, console=err, transient=args.json) as bar:
         task = bar.add_task("pack", total=total)
@@ -188,6 +195,7 @@ def _pack(args: argparse.Namespace, console: Console, err: Console) -> int:
             name,
             shard_size=args.shard_size,
             progress=lambda done: bar.update(task, completed=done),
+            lowercase_extensions=lowercase,
         )
     dataset = open_at(locate(args.dest).child(name), resolve_keys(None))
     if args.json:
