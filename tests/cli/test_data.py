@@ -259,3 +259,18 @@ def test_pack_names_a_refused_file_before_any_progress(
         capsys, "pack", str(tmp_path / "src"), str(tmp_path / "out"), "--lowercase-extensions"
     )
     assert code == 0 and "packed 5 samples" in out
+
+
+def test_verify_on_a_folder_of_datasets_names_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_tree(tmp_path / "src", n=2)
+    for name in ("one", "two"):
+        code, _, _ = run(
+            capsys, "pack", str(tmp_path / "src"), str(tmp_path / "all"), "--name", name
+        )
+        assert code == 0
+    code, _, err = run(capsys, "verify", str(tmp_path / "all"))
+    assert code == 2
+    assert "holds 2 dataset(s): one, two" in err
+    assert f"mouthguard data verify {tmp_path / 'all'}/one" in err

@@ -137,12 +137,37 @@ def run(args: argparse.Namespace, console: Console, err: Console | None = None) 
     handlers = {"pack": _pack, "index": _index, "verify": _verify, "ls": _ls, "show": _show}
     try:
         return handlers[args.data_command](args, console, err)
-    except (DatasetNotFoundError, DatasetExistsError, MissingDependencyError) as exc:
+    except DatasetNotFoundError as exc:
+        target = getattr(args, "dataset", None)
+        print_error(str(exc) + (_inside(target, args.data_command) if target else ""))
+        return EXIT_USAGE
+    except (DatasetExistsError, MissingDependencyError) as exc:
         print_error(str(exc))
         return EXIT_USAGE
     except MouthguardError as exc:
         print_error(str(exc))
         return EXIT_FAILED
+
+
+def _inside(dest: str, command: str) -> str:
+    """For a path that is no dataset: the datasets directly under it, named, or ""."""
+    try:
+        location = locate(dest)
+        children = [
+            child
+            for child in location.tier.list_dirs(f"{location.prefix}/" if location.prefix else "")
+            if manifest_key(location.child(child)) is not None
+        ]
+    except MouthguardError:
+        return ""  # the error already said what is wrong with the path
+    if not children:
+        return ""
+    shown = ", ".join(sorted(children)[:10]) + (", ..." if len(children) > 10 else "")
+    first = dest.rstrip("/") + "/" + sorted(children)[0]
+    return (
+        f"; it holds {len(children)} dataset(s): {shown} "
+        f"(name one: mouthguard data {command} {first})"
+    )
 
 
 def summary(dataset: Dataset) -> dict[str, object]:
@@ -253,7 +278,10 @@ def _verify(args: argparse.Namespace, console: Console, err: Console) -> int:
         console.print(f"{mark} {escape(check.name)}{why}", highlight=False, soft_wrap=True)
 
     report = verify_dataset(args.dataset, on_shard=line, workers=2)
-    why = "not in the manifest: the loader does not read it (index again to include it)"
+    why = (
+        "not in the manifest: the loader does not read it (to include it, delete the "
+        "dataset's mouthguard-index/ and run mouthguard data index again)"
+    )
     for path in report.unlisted:
         if args.json:
             print(json.dumps({"shard": path, "status": "unlisted", "reason": why}))

@@ -228,8 +228,16 @@ class _Indexer:
 def _refuse_existing(location: Location) -> None:
     found = manifest_key(location)
     if found is not None:
-        what = "is already indexed" if names.INDEX_DIR in found else "is a packed dataset"
-        raise DatasetExistsError(f"{location.describe()} {what} ({found}): nothing to adopt")
+        if names.INDEX_DIR in found:
+            where = location.child(names.INDEX_DIR).describe()
+            raise DatasetExistsError(
+                f"{location.describe()} is already indexed ({found}): to index it again "
+                f"(files added or changed), delete {where}/ first -- only the indexes "
+                "and the manifest live there; the data files are not touched"
+            )
+        raise DatasetExistsError(
+            f"{location.describe()} is a packed dataset ({found}): nothing to adopt"
+        )
     index_dir = location.child(names.INDEX_DIR)
     debris = next(iter(location.tier.list(index_dir.prefix + "/")), None)
     if debris is not None:
