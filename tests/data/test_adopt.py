@@ -83,7 +83,9 @@ def test_an_indexed_or_packed_dataset_is_not_adopted_again(
 ) -> None:
     root, _ = tars
     index_dataset(root)
-    with pytest.raises(DatasetExistsError, match=r"already indexed .*delete .*mouthguard-index/ first"):
+    with pytest.raises(
+        DatasetExistsError, match=r"already indexed .*delete .*mouthguard-index/ first"
+    ):
         index_dataset(root)
     write_dataset(tmp_path, "packed", n=3)
     with pytest.raises(DatasetExistsError, match="packed dataset"):
