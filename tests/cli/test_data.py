@@ -184,8 +184,9 @@ def test_index_webdataset_tars_then_verify_show_and_ls(
     code, out, _ = run(capsys, "ls", str(tmp_path), "--json")
     [listed] = [json.loads(line) for line in out.splitlines()]
     assert listed["name"] == "mine" and listed["layout"] == "indexed" and listed["shards"] == 2
-    code, out, _ = run(capsys, "index", str(tmp_path / "mine"))
+    code, out, err = run(capsys, "index", str(tmp_path / "mine"))
     assert code == 2  # already indexed: nothing to adopt
+    assert "indexing" not in err  # refused before any byte was read: no bar drawn
 
 
 def test_index_parquet_json_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

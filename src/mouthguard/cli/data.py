@@ -42,7 +42,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from mouthguard.cli.common import (
@@ -236,16 +243,36 @@ def _pack(args: argparse.Namespace, console: Console, err: Console) -> int:
     return EXIT_OK
 
 
+class _LazyBar:
+    """A progress bar drawn at its first update.
+
+    So an error found before any byte is read (a bad path, an indexed folder, no
+    data files) prints alone, not under an empty bar.
+    """
+
+    def __init__(self, label: str, console: Console, *, transient: bool) -> None:
+        columns = (TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        self._bar = Progress(*columns, console=console, transient=transient)
+        self._task: TaskID | None = None
+
+    def update(self, done: int) -> None:
+        """Show ``done`` bytes (drawing the bar the first time)."""
+        if self._task is None:
+            self._bar.start()
+            self._task = self._bar.add_task("work", total=None)
+        self._bar.update(self._task, completed=done)
+
+    def __enter__(self) -> _LazyBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._bar.stop()
+
+
 def _index(args: argparse.Namespace, console: Console, err: Console) -> int:
-    columns = (TextColumn("indexing"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, console=err, transient=args.json) as bar:
-        task = bar.add_task("index", total=None)
-        manifest = index_dataset(
-            args.src,
-            name=args.name,
-            kind=args.kind,
-            progress=lambda done: bar.update(task, completed=done),
-        )
+    with _LazyBar("indexing", err, transient=args.json) as bar:
+        manifest = index_dataset(args.src, name=args.name, kind=args.kind, progress=bar.update)
     dataset = open_at(locate(args.src), resolve_keys(None))
     if args.json:
         print(json.dumps(summary(dataset)))
