@@ -208,7 +208,12 @@ class Runner:
             data = config.dataset_dir(self.root, reader)
             if data.is_dir() and reader != "memory":
                 self.cache.drop(data)
+            # Cold means nothing known: mouthguard's verification record (which a new
+            # process would otherwise trust) starts empty too, so every shard is hashed.
+            record = self.root / "verified-record"
+            shutil.rmtree(record, ignore_errors=True)
             env = self.env if site is None else {**self.env, **self.s3_env}
+            env = {**env, "MOUTHGUARD_VERIFIED_DIR": str(record)}
             out, why = self.child(["read", cell.to_json()], env)
             if out:
                 result = CellResult.from_json(out)

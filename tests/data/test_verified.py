@@ -11,6 +11,7 @@ import pytest
 
 from mouthguard.data import StreamingDataLoader, StreamingDataset, verified
 from mouthguard.data.part import Part
+from mouthguard.data.scratch import default_verified_dir
 from mouthguard.data.verified import VerifiedFiles
 from mouthguard.errors import ShardDamagedError
 
@@ -130,12 +131,46 @@ def test_a_shard_altered_between_epochs_is_caught_by_the_workers(tmp_path: Path)
         list(loader)
 
 
-def test_the_record_directory_goes_with_the_dataset(tmp_path: Path) -> None:
+def test_a_temporary_record_directory_goes_with_the_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where no private persistent directory can be had, the record is temporary.
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv("MOUTHGUARD_VERIFIED_DIR", str(shared))
     write_dataset(tmp_path, n=10)
     dataset = make(tmp_path / "ds")
     assert dataset.verified_dir is not None and Path(dataset.verified_dir).is_dir()
     record = Path(dataset.verified_dir)
+    assert record != shared
     assert len(list(dataset)) == 10
     del dataset
     assert not record.exists()
     assert make(tmp_path / "ds", cache_dir=tmp_path / "cache").verified_dir is None
+
+
+def test_a_new_dataset_object_trusts_what_an_earlier_one_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a new training process does: the record outlives the dataset object.
+    monkeypatch.setenv("MOUTHGUARD_VERIFIED_DIR", str(tmp_path / "verified"))
+    manifest = write_dataset(tmp_path, n=30)
+    log = tmp_path / "hashes.log"
+    counting_hashes(monkeypatch, log)
+    for _ in range(2):
+        dataset = make(tmp_path / "ds")
+        assert sorted(s["__key__"] for s in dataset) == sorted(expected(30))
+        del dataset
+    assert hashes(log) == len(manifest.shards)  # the second object hashed nothing
+    assert (tmp_path / "verified").stat().st_mode & 0o077 == 0  # private to the user
+
+
+def test_a_record_directory_others_can_write_is_not_used(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert default_verified_dir({"MOUTHGUARD_VERIFIED_DIR": str(shared)}) is None
+    mine = tmp_path / "cache"
+    found = default_verified_dir({"XDG_CACHE_HOME": str(mine)})
+    assert found == str(mine / "mouthguard" / "verified")

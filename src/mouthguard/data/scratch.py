@@ -1,5 +1,18 @@
-"""Where a dataset without ``cache_dir`` keeps its S3 shards, and a warning if that is RAM.
+"""Where a dataset without ``cache_dir`` keeps its S3 shards and its verification record.
 
+**Verification record.** A local dataset read in place is hashed before its
+first sample; the record of files that hashed right
+(:class:`~mouthguard.data.verified.VerifiedFiles`) is kept by
+:func:`default_verified_dir` in a private per-user directory that outlives the
+process -- ``$MOUTHGUARD_VERIFIED_DIR``, else ``$XDG_CACHE_HOME/mouthguard/verified``,
+else ``~/.cache/mouthguard/verified`` -- so a new training process does not hash
+every shard again before its first sample. Its records are named by file path,
+part and expected sha256 and trusted only while the file's stat stamp
+(device, inode, size, mtime, ctime) is unchanged, so sharing it across runs and
+datasets is safe. A directory that is not private (another owner, or writable by
+group or others) is not used: a record there could be forged by someone else.
+
+**S3 shards.**
 An S3 dataset needs somewhere to keep verified shards. Without ``cache_dir`` it
 takes a fresh directory under the system's temporary directory, which on many
 machines (and in most containers) is a ``tmpfs``: the shards then live in RAM,
@@ -12,6 +25,7 @@ training process is out of memory rather than after.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -55,3 +69,24 @@ def default_shard_dir(mounts: str = "/proc/mounts") -> str:
             stacklevel=3,
         )
     return directory
+
+
+def default_verified_dir(environ: dict[str, str] | None = None) -> str | None:
+    """The persistent, private verification-record directory, or None if unusable.
+
+    See the module docstring for where it is and when it is refused.
+    """
+    env = os.environ if environ is None else environ
+    named = env.get("MOUTHGUARD_VERIFIED_DIR")
+    if named:
+        chosen = Path(named)
+    else:
+        base = env.get("XDG_CACHE_HOME")
+        chosen = (Path(base) if base else Path.home() / ".cache") / "mouthguard" / "verified"
+    try:
+        chosen.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = chosen.stat()
+    except OSError:
+        return None
+    private = info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return str(chosen) if private and stat.S_ISDIR(info.st_mode) else None

@@ -63,7 +63,7 @@ from mouthguard.data.order import (
 )
 from mouthguard.data.position import Position, parse_position, restore
 from mouthguard.data.prefetch import Closeable, Opener, Prefetcher
-from mouthguard.data.scratch import default_shard_dir
+from mouthguard.data.scratch import default_shard_dir, default_verified_dir
 from mouthguard.data.tarread import TarUnits
 from mouthguard.data.verified import VerifiedFiles
 from mouthguard.format.signing import KeySpec
@@ -182,8 +182,11 @@ class StreamingDataset(IterableDataset[Any]):
             cache_dir = default_shard_dir()  # warns if that is RAM
             weakref.finalize(self, _remove_tree, cache_dir, os.getpid())
         elif cache_dir is None:
-            self.verified_dir = tempfile.mkdtemp(prefix="mouthguard-verified-")
-            weakref.finalize(self, _remove_tree, self.verified_dir, os.getpid())
+            # Persistent where possible: a new process trusts what an earlier one hashed.
+            self.verified_dir = default_verified_dir()
+            if self.verified_dir is None:
+                self.verified_dir = tempfile.mkdtemp(prefix="mouthguard-verified-")
+                weakref.finalize(self, _remove_tree, self.verified_dir, os.getpid())
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_limit = cache_limit
         self.verify_cache: Verify = verify_cache
