@@ -94,3 +94,25 @@ def test_header_problem_finds_another_member() -> None:
 def test_names_too_long_for_ustar_are_refused() -> None:
     with pytest.raises(SampleError, match="USTAR"):
         tarfmt.member_header("x" * 120 + ".jpg", 1)
+
+
+@pytest.mark.parametrize("name", ["a/b/x.jpg", "d" * 150 + "/x.jpg"])
+@pytest.mark.parametrize("size", [0, 1, 1234, 8 * 1024**3 - 1])
+def test_member_mismatch_accepts_the_writers_headers(name: str, size: int) -> None:
+    assert tarfmt.member_mismatch(tarfmt.member_header(name, size), name.encode(), size) is None
+
+
+def test_member_mismatch_catches_an_index_that_points_elsewhere() -> None:
+    header = bytearray(tarfmt.member_header("x.jpg", 10))
+    assert "names" in (tarfmt.member_mismatch(header, b"y.jpg", 10) or "")
+    assert "size" in (tarfmt.member_mismatch(header, b"x.jpg", 11) or "")
+    assert "no USTAR header" in (tarfmt.member_mismatch(bytes(512), b"x.jpg", 10) or "")
+    header[156:157] = b"5"  # a directory entry
+    assert "not a regular file" in (tarfmt.member_mismatch(header, b"x.jpg", 10) or "")
+
+
+def test_member_mismatch_reads_a_size_spelled_another_way() -> None:
+    header = bytearray(tarfmt.member_header("x.jpg", 10))
+    header[124:136] = b"     12 \x00\x00\x00\x00"  # octal 12 = 10, space-padded
+    assert tarfmt.member_mismatch(header, b"x.jpg", 10) is None
+    assert tarfmt.member_mismatch(header, b"x.jpg", 12) is not None

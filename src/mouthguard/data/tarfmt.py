@@ -106,3 +106,30 @@ def header_problem(block: bytes | memoryview, name: str, size: int) -> str | Non
     if _octal(raw[124:136]) != size:
         return f"tar header size differs from the index's {size} for {name!r}"
     return None
+
+
+def member_mismatch(block: bytes | memoryview, name: bytes, size: int) -> str | None:
+    """Why ``block`` is not the header of member ``name`` (UTF-8) of ``size`` bytes.
+
+    The reader's per-sample check of a *verified* packed shard: the shard's bytes
+    already matched the manifest's sha256, so the header's own checksum adds
+    nothing; what is left to catch is an index that points anywhere but at the
+    member it names -- the magic, the type, the name and the size. The size field
+    is first compared with the one this package's writer produces (one bytes
+    compare); any other spelling of a number is parsed as :func:`header_problem`
+    does. None when it is the member's header.
+    """
+    raw = bytes(block)
+    if len(raw) != BLOCK or raw[257:265] != _MAGIC:
+        return "no USTAR header where the index puts one"
+    if raw[156:157] not in (b"0", b"\x00"):
+        return "tar member is not a regular file"
+    prefix, base = raw[345:500].rstrip(b"\x00"), raw[0:100].rstrip(b"\x00")
+    found = (prefix + b"/" + base) if prefix else base
+    if found != name:
+        return f"tar header names {found[:120]!r}, the index {name.decode(errors='replace')!r}"
+    if raw[124:136] != b"%011o\x00" % size and _octal(raw[124:136]) != size:
+        return (
+            f"tar header size differs from the index's {size} for {name.decode(errors='replace')!r}"
+        )
+    return None

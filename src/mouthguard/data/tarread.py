@@ -6,8 +6,10 @@ is checked and parsed as hostile input. A sample is then one read of its span,
 cut into members as the index says.
 
 Packed shards are also checked member by member: each member's USTAR header must
-be where the index puts it and name the member (:func:`~mouthguard.data.tarfmt.header_problem`),
-so an index that points anywhere else is caught as the sample is read. An
+be where the index puts it and name the member, with its size
+(:func:`~mouthguard.data.tarfmt.member_mismatch`), so an index that points
+anywhere else is caught as the sample is read. The header's own checksum is not
+recomputed there: the whole shard already matched the manifest's sha256. An
 adopted shard's headers are whatever the user's writer chose (GNU long names,
 PAX records) and have no one-block form to compare with; its index was derived
 from those very bytes by ``tarfile`` (:mod:`~mouthguard.data.tarscan`), the
@@ -54,9 +56,8 @@ class TarUnits:
             at = member.offset - entry.offset
             if not self.adopted:
                 header = span[at - tarfmt.BLOCK : at]
-                problem = tarfmt.header_problem(
-                    header, names.member_name(entry.key, member.ext), member.size
-                )
+                name = names.member_name(entry.key, member.ext).encode()
+                problem = tarfmt.member_mismatch(header, name, member.size)
                 if problem is not None:
                     raise ShardDamagedError(f"shard {file.name}: {problem}", shard=file.name)
             sample[member.ext] = bytes(span[at : at + member.size])
