@@ -38,8 +38,46 @@ from mouthguard.data.verified import VerifiedFiles
 from mouthguard.errors import ObjectNotFoundError, ShardDamagedError
 from mouthguard.tiers.local import LocalTier
 
-#: Parsed indexes kept per process (a block's shards plus those prefetched).
-_INDEX_MEMO = 16
+#: Parsed indexes kept per process (a block's shards plus those prefetched, and
+#: small datasets whole, so a second pass parses nothing).
+_INDEX_MEMO = 32
+
+
+class _IndexMemo:
+    """Parsed indexes by content, shared by every :class:`ShardSource` of this process.
+
+    Keyed by the shard's name, its sha256, its index's sha256 (all from the
+    manifest) and whether it was adopted, so an entry is the parse of exactly
+    those verified bytes, whichever dataset object or pass asks. Bounded
+    (:data:`_INDEX_MEMO`, least recently used out). Its lock is made anew in a
+    forked child, which may have been forked while another thread held it.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[tuple[str, str, str, bool], ShardIndex] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str, str, bool]) -> ShardIndex | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: tuple[str, str, str, bool], parsed: ShardIndex) -> None:
+        with self._lock:
+            self._items[key] = parsed
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def reset(self) -> None:
+        self._lock = threading.Lock()
+        self._items = OrderedDict()
+
+
+_MEMO = _IndexMemo(_INDEX_MEMO)
+os.register_at_fork(after_in_child=_MEMO.reset)
 
 
 @dataclass(frozen=True)
@@ -73,8 +111,6 @@ class ShardSource:
         self.cache = place if isinstance(place, ShardCache) else None
         self.verified = place if isinstance(place, VerifiedFiles) else None
         self.settings = settings
-        self._indexes: OrderedDict[int, ShardIndex] = OrderedDict()
-        self._lock = threading.Lock()
 
     def _check_size(self, key: str, record_size: int, name: str) -> None:
         """ShardDamagedError unless ``key`` exists with the manifest's size."""
@@ -155,13 +191,13 @@ class ShardSource:
         return ShardFile(fd, part.size, part.name, base=part.offset)
 
     def index(self, number: int) -> ShardIndex:
-        """The checked, parsed index of shard ``number`` (memoised per process)."""
-        with self._lock:
-            found = self._indexes.get(number)
-            if found is not None:
-                self._indexes.move_to_end(number)
-                return found
+        """The checked, parsed index of shard ``number`` (memoised per process, by content)."""
         record = self.dataset.shards[number]
+        adopted = self.dataset.manifest.adopted
+        memo_key = (record.name, record.sha256, record.index.sha256, adopted)
+        found = _MEMO.get(memo_key)
+        if found is not None:
+            return found
         if self.cache is None:
             parsed = self.dataset.read_index(record)
         else:
@@ -178,13 +214,8 @@ class ShardSource:
             )
             assert handle is not None  # must=True never gives up
             try:
-                parsed = check_index(
-                    record, handle.read(0, record.index.size), adopted=self.dataset.manifest.adopted
-                )
+                parsed = check_index(record, handle.read(0, record.index.size), adopted=adopted)
             finally:
                 handle.close()
-        with self._lock:
-            self._indexes[number] = parsed
-            while len(self._indexes) > _INDEX_MEMO:
-                self._indexes.popitem(last=False)
+        _MEMO.put(memo_key, parsed)
         return parsed

@@ -47,6 +47,19 @@ class Position:
     rank: int
     world_size: int
 
+    def at(self, consumed: int) -> Position:
+        """This position with ``consumed`` samples (a per-sample step: no ``replace``)."""
+        return Position(
+            self.fingerprint,
+            self.epoch,
+            consumed,
+            self.seed,
+            self.shuffle,
+            self.shuffle_window,
+            self.rank,
+            self.world_size,
+        )
+
     def to_state(self) -> dict[str, object]:
         """The JSON-able state (see the module docstring)."""
         return {"format": POSITION_FORMAT, "version": POSITION_VERSION, **asdict(self)}

@@ -265,7 +265,7 @@ class StreamingDataset(IterableDataset[Any]):
         for sample in self._samples(plans):
             if in_process:
                 produced += 1  # counted before the yield: a sample handed out is consumed
-                self._position = replace(self._position, consumed=produced)
+                self._position = self._position.at(produced)
             yield sample
         if in_process and produced >= rank_length(order, part):
             self._position = replace(self._position, epoch=start.epoch + 1, consumed=0)

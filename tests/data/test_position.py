@@ -1,0 +1,16 @@
+"""Position: the per-sample step keeps everything but the count."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from mouthguard.data.position import Position
+
+
+def test_at_changes_only_the_count() -> None:
+    start = Position("sha256:ab", 3, 10, 7, True, 4, 1, 2)
+    moved = start.at(11)
+    assert moved == replace(start, consumed=11)
+    assert [
+        f.name for f in fields(Position) if getattr(moved, f.name) != getattr(start, f.name)
+    ] == ["consumed"]
