@@ -203,3 +203,55 @@ def test_disk_and_staging_stay_within_bounds_when_writes_fail(tmp_path: Path) ->
     assert stats["disk"]["blocks"] == 0
     assert stats["memory"]["bytes"] <= 8 * 4096
     kv.close(spill=False)
+
+
+@pytest.mark.parametrize("write_through", [False, True])
+def test_threads_waiting_for_staging_room_all_finish_within_bounds(
+    tmp_path: Path, write_through: bool
+) -> None:
+    # Many writers, a staging queue of four blocks and back-pressure: every put
+    # finishes (no thread is left waiting for room the mover never makes), and no
+    # bound is passed at any moment a writer looks.
+    block = 4096
+    kv = KVStore(
+        tmp_path / "kv",
+        memory_bytes=8 * block,
+        disk_bytes=64 * block,
+        block_tokens=BT,
+        segment_bytes=8 * block,
+        staging_bytes=4 * block,
+        on_full="wait",
+        write_through=write_through,
+        remote=MemoryTier(),
+        remote_bytes=32 * block,
+    )
+    over: list[dict[str, object]] = []
+    errors: list[BaseException] = []
+
+    def writer(seed: int) -> None:
+        try:
+            for i in range(25):
+                toks = tokens(10_000 + seed * 100 + i, 2)
+                kv.put(toks, blocks_for(toks), wait=False)
+                stats = kv.stats()
+                if (
+                    stats["store"]["staging_bytes"] > 4 * block
+                    or stats["memory"]["bytes"] > 8 * block
+                ):
+                    over.append(stats["store"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a writer is stuck waiting for room"
+    assert not errors, errors[0]
+    assert not over, over[:3]
+    kv.flush()
+    stats = kv.stats()
+    assert stats["store"]["dropped"] == 0 and stats["store"]["staging_bytes"] == 0
+    assert stats["disk"]["bytes"] <= 64 * block and stats["remote"]["bytes"] <= 32 * block
+    kv.close()
