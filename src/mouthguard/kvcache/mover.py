@@ -1,13 +1,15 @@
 """The store's single background writer: a priority queue of jobs run in order.
 
-Every byte that enters a tier is placed by this one thread, so a tier's
-capacity check and the write that fills it can never race another writer's --
-capacity bounds hold under any number of threads calling ``put``. Readers never
-wait for it (they read wherever a block is now).
+Every write and delete of the disk and remote tiers runs in this one thread
+(:mod:`~mouthguard.kvcache.writedown`), so a tier's capacity check and the write
+that fills it can never race another writer's, and no delete can overtake a
+newer write of the same key. The memory tier is changed by callers under the
+store's lock (:mod:`~mouthguard.kvcache.placement`). Readers never wait for the
+mover (they read wherever a block is now).
 
-Jobs run by priority, then in submission order: :data:`PREFETCH` (promotions
-and prefetches -- a request is waiting to read those blocks) before
-:data:`STORE` (puts and their demotions) before :data:`MAINTENANCE`.
+Jobs run by priority, then in submission order: :data:`PREFETCH` (prefetches --
+a request is waiting to read those blocks) before :data:`STORE` (writing down
+what memory evicted) before :data:`MAINTENANCE` (compaction, the spill at close).
 A job's exception is delivered through its future and counted; the thread
 keeps running.
 """

@@ -505,10 +505,11 @@ class KVStore:
         return report
 
     def close(self, *, spill: bool = True) -> None:
-        """Place everything queued, stop the mover and release the disk directory.
+        """Write down everything queued, stop the mover and release the disk directory.
 
-        With ``spill`` (the default) and a disk tier, memory blocks are demoted to
-        disk first, so a later process on the same ``disk_dir`` finds them.
+        With ``spill`` (the default) and a disk tier, the dirty memory blocks are
+        written to disk first (clean ones are there already), so a later process
+        on the same ``disk_dir`` finds every block.
         """
         if self._closed:
             return
