@@ -255,3 +255,30 @@ def test_threads_waiting_for_staging_room_all_finish_within_bounds(
     assert stats["store"]["dropped"] == 0 and stats["store"]["staging_bytes"] == 0
     assert stats["disk"]["bytes"] <= 64 * block and stats["remote"]["bytes"] <= 32 * block
     kv.close()
+
+
+def test_a_block_larger_than_the_staging_bound_is_still_written_down(tmp_path: Path) -> None:
+    # An empty queue takes any one block: waiting for room that can never exist
+    # would hang the put forever.
+    with KVStore(
+        tmp_path / "kv",
+        memory_bytes=64 * 1024,
+        disk_bytes=4 * MiB,
+        block_tokens=BT,
+        staging_bytes=16 * 1024,
+        on_full="wait",
+    ) as kv:
+        toks = tokens(40, 1)
+        big = [np.ones(128 * 1024, dtype=np.uint8)]  # bigger than memory and staging
+        assert kv.put(toks, big) == 1
+        assert kv.stats()["disk"]["blocks"] == 1
+        got = kv.get(toks, promote=False)
+        assert len(got) == 1 and np.array_equal(got[0], big[0])
+
+
+def test_a_memory_only_store_rejects_what_it_cannot_hold() -> None:
+    with KVStore(memory_bytes=8192, block_tokens=BT) as kv:
+        toks = tokens(41, 1)
+        assert kv.put(toks, [np.ones(16384, dtype=np.uint8)]) == 0
+        assert kv.stats()["memory"]["rejected"] == 1
+        assert not kv.contains(toks)

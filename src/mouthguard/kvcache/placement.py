@@ -18,7 +18,8 @@ a block is written to disk at most once while it lives there.
 
 **Bounded memory.** A dirty victim leaves memory for :attr:`Placement.outbound`,
 where it stays readable until the mover has written it down. The outbound bytes
-never exceed ``staging_bytes``: a put that would need more either drops its
+never exceed ``staging_bytes`` (an empty queue takes any one block, so a block
+larger than the bound is not stuck): a put that would need more either drops its
 block (counted in ``stats()["store"]["dropped"]``, as LMCache skips a put its
 allocator cannot place) or waits for the mover, by the store's ``on_full``
 option; a promotion that would need more is skipped (the get still returns the
@@ -27,7 +28,7 @@ plus the one block each caller thread is copying.
 
 Invariants (under the lock): ``memory_bytes`` is the sum of memory payloads and
 <= ``memory_capacity``; ``outbound_bytes`` is the sum of outbound payloads and
-<= ``staging_capacity``; a key is in memory or outbound, not both, unless the
+<= ``staging_capacity`` (or is one block); a key is in memory or outbound, not both, unless the
 store writes through (then an outbound entry shares the memory payload).
 """
 
@@ -271,16 +272,23 @@ class Placement:
         dropped and counted. Call with the lock held (the wait releases it).
         """
         n = payload.nbytes
-        while not self._outbound_fits(n):
+        while True:
+            if n <= self.memory_capacity and self._outbound_fits(n) and self._make_room(n):
+                break
+            if self.lower_tiers() and self._outbound_fits(n):
+                # Too big for memory, or memory is pinned full: straight to the lower tiers.
+                self._queue_outbound(key, payload)
+                return True
+            if not self.lower_tiers():
+                self.stats["memory"].rejected += 1  # memory alone, and no room in it
+                return False
             if not wait:
                 self.dropped += 1
                 return False
+            self.kick()  # make sure the mover is at work on what we wait for
             self.room.wait(timeout=1.0)
             if self.where(key) is not None:
                 return True  # another thread stored it meanwhile
-        if n > self.memory_capacity or not self._make_room(n):
-            self._queue_outbound(key, payload)  # straight to the lower tiers
-            return True
         self._insert(key, payload)
         if self.write_through and self.lower_tiers() and self._outbound_fits(n):
             self.outbound[key] = payload  # shares the memory payload: written, then clean
@@ -315,8 +323,11 @@ class Placement:
         return self.disk is not None or self.remote is not None
 
     def _outbound_fits(self, n: int) -> bool:
-        # Dirty victims of an n-byte admission total at most about n bytes.
-        return not self.lower_tiers() or self.outbound_bytes + n <= self.staging_capacity
+        # An empty queue takes any one block, so a block larger than the staging
+        # bound can still be written down (the bound is then that block).
+        if not self.lower_tiers() or self.outbound_bytes == 0:
+            return True
+        return self.outbound_bytes + n <= self.staging_capacity
 
     def _insert(self, key: bytes, payload: Payload) -> None:
         self.memory[key] = payload
@@ -332,20 +343,21 @@ class Placement:
             victim = self.memory_policy.pop_victim(lambda k: k in self.memory and not self.busy(k))
             if victim is None:
                 return False
-            payload = self.memory.pop(victim)
+            payload = self.memory[victim]
+            dirty = victim not in self.outbound and not self.below(victim)
+            if dirty and self.lower_tiers() and not self._outbound_fits(payload.nbytes):
+                # No staging room for this victim: keep it (as most recent) and give up.
+                self.memory_policy.insert(victim, payload.nbytes)
+                return False
+            del self.memory[victim]
             self.memory_bytes -= payload.nbytes
             self.stats["memory"].evictions += 1
-            if victim in self.outbound or self.below(victim):
-                continue  # clean, or already queued: nothing to write
-            if self.lower_tiers():
+            if dirty and self.lower_tiers():
                 self._queue_outbound(victim, payload)
                 self.stats["memory"].demotions += 1
         return True
 
     def _queue_outbound(self, key: bytes, payload: Payload) -> None:
-        if not self.lower_tiers():
-            self.stats["memory"].rejected += 1
-            return
         self.outbound[key] = payload
         self.outbound_bytes += payload.nbytes
         self._note_peak()
