@@ -28,8 +28,9 @@ plus the one block each caller thread is copying.
 
 Invariants (under the lock): ``memory_bytes`` is the sum of memory payloads and
 <= ``memory_capacity``; ``outbound_bytes`` is the sum of outbound payloads and
-<= ``staging_capacity`` (or is one block); a key is in memory or outbound, not both, unless the
-store writes through (then an outbound entry shares the memory payload).
+<= ``staging_capacity`` (or is one block); a key is in memory or outbound, not
+both, unless the store writes through or spills (then an outbound entry shares
+the memory payload).
 """
 
 from __future__ import annotations
