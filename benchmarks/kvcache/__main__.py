@@ -146,10 +146,17 @@ def replay_confined(which: str, trace_path: Path, root: Path, args: argparse.Nam
         "--disk-mib", str(args.disk_mib), "--policy", args.policy, "--on-full", args.on_full,
         "--ram-budget-mib", str(args.ram_budget_mib),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, check=False)
-    if done.returncode != 0 or not out.exists():
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"{which} replay failed (exit {done.returncode}): {tail}")
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            _, stderr = child.communicate(timeout=3600)
+        finally:
+            child.kill()
+            cgroup.release(f"mouthguard-kvbench-{child.pid}")  # the child's, now empty
+    if child.returncode != 0 or not out.exists():
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"{which} replay failed (exit {child.returncode}): {tail}")
     result: dict = json.loads(out.read_text())
     return result
 
