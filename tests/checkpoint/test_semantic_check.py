@@ -170,3 +170,18 @@ def test_replication_carries_the_verdict_to_every_copy(tmp_path: Path) -> None:
     assert ckpt.info(1).checked  # type: ignore[union-attr]
     with pytest.warns(mouthguard.CheckpointFallbackWarning, match="suspect"):
         assert ckpt.load().step == 1
+
+
+def test_a_resume_at_or_before_a_suspect_step_takes_the_one_before(tmp_path: Path) -> None:
+    """The integrations' resume (a named step) honours the suspect mark like ``load()``."""
+    ckpt = _ckpt(tmp_path)
+    ckpt.save(1, _state(1.0))
+    with pytest.warns(mouthguard.SuspectStateWarning):
+        ckpt.save(2, _state(float("nan")), check=checks.finite())
+    ckpt.save(3, _state(3.0))
+    with pytest.warns(mouthguard.CheckpointFallbackWarning) as warned:
+        loaded = ckpt.load(at_or_before=2)
+    assert loaded.step == 1
+    assert any(
+        "falling back to step 1" in str(w.message) and "suspect" in str(w.message) for w in warned
+    )

@@ -17,6 +17,8 @@ from transformers import (
 )
 
 import mouthguard
+from mouthguard.checkpoint.sidecars import CopyRef, mark_suspect
+from mouthguard.checkpoint.writer import utc_now
 from mouthguard.errors import CheckpointFallbackWarning
 from mouthguard.integrations.hf import MouthguardCallback, restore
 from tests.checkpoint.helpers import flip_byte, step_path
@@ -135,6 +137,17 @@ def test_restore_picks_the_previous_valid_checkpoint_when_the_newest_is_damaged(
     assert (restored / "model.safetensors").read_bytes() == expected
     with pytest.raises(FileExistsError):
         restore(store, "hf", tmp_path / "again", step=4)
+
+
+def test_restore_of_a_suspect_step_takes_the_valid_one_before(
+    tmp_path: Path, store: mouthguard.Store
+) -> None:
+    callback = _callback(store)
+    Trainer(_model(0), _args(tmp_path / "out"), train_dataset=_data(), callbacks=[callback]).train()
+    mark_suspect(CopyRef(store.fast, "hf", 8), "loss diverged", utc_now())
+    with pytest.warns(CheckpointFallbackWarning, match="falling back to step 4"):
+        restored = restore(store, "hf", tmp_path / "again", step=8)
+    assert restored.name == "checkpoint-4"
 
 
 def test_after_a_resume_the_next_best_demotes_the_best_from_before(

@@ -14,6 +14,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 import mouthguard
+from mouthguard.checkpoint.sidecars import CopyRef, mark_suspect
+from mouthguard.checkpoint.writer import utc_now
 from mouthguard.errors import CheckpointFallbackWarning, FormatError, UnsupportedStateError
 from mouthguard.integrations.lightning import CheckpointIO, restore_pointers
 from mouthguard.integrations.pointer import read_pointer
@@ -190,6 +192,23 @@ def test_a_damaged_checkpoint_makes_the_resume_fall_back(
         resumed = _fit(tmp_path / "run", 2, io, seed=1, ckpt_path="last")
     assert any(f"falling back to step {last - 1}" in str(w.message) for w in warned)
     # The fallback, the epoch's top-k file, holds the same training state.
+    assert torch.equal(resumed.layer.weight, reference.layer.weight)
+
+
+def test_a_suspect_checkpoint_makes_the_resume_fall_back(
+    tmp_path: Path, io: CheckpointIO, store: mouthguard.Store
+) -> None:
+    """A checkpoint marked suspect (its state failed a check) is never resumed from."""
+    reference = _fit(tmp_path / "ref", 2, None)
+    _fit(tmp_path / "run", 1, io)
+    last = read_pointer(tmp_path / "run" / "checkpoints" / "last.ckpt").step
+    mark_suspect(CopyRef(store.fast, "lit", last), "loss diverged", utc_now())
+    with pytest.warns(CheckpointFallbackWarning) as warned:
+        resumed = _fit(tmp_path / "run", 2, io, seed=1, ckpt_path="last")
+    assert any(
+        f"falling back to step {last - 1}" in str(w.message) and "loss diverged" in str(w.message)
+        for w in warned
+    )
     assert torch.equal(resumed.layer.weight, reference.layer.weight)
 
 

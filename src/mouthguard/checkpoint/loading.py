@@ -90,8 +90,15 @@ class Loader:
         step: int | None,
         into: object,
         rejected: builtins.list[Rejection],
+        *,
+        at_or_before: int | None = None,
     ) -> LoadedCheckpoint:
-        """The first candidate that every rank loads; raise as ``Checkpointer.load`` documents."""
+        """The first candidate that every rank loads; raise as ``Checkpointer.load`` documents.
+
+        ``step`` is the one step asked for exactly (no fallback); with ``step=None``
+        the candidates are walked newest first, and ``at_or_before`` only names
+        their bound in the errors.
+        """
         fallback = step is None
         for candidate in candidates:
             if fallback and self._skip_suspect(candidate, rejected):
@@ -99,8 +106,9 @@ class Loader:
             loaded = self._agreed(candidate, into, rejected, fallback=fallback)
             if loaded is not None and self._passes(loaded, rejected, fallback=fallback):
                 return loaded
+        bound = "" if at_or_before is None else f" at or before step {at_or_before}"
         if not rejected:
-            what = f"step {step}" if step is not None else "any step"
+            what = f"step {step}" if step is not None else f"any step{bound}"
             raise CheckpointNotFoundError(
                 f"run {self.run!r} has no committed checkpoint for {what}"
             )
@@ -109,7 +117,7 @@ class Loader:
             raise CorruptCheckpointError(
                 f"every copy of {self.run} step {step} is damaged: {reasons}"
             )
-        raise NoValidCheckpointError(f"run {self.run!r} has no valid checkpoint: {reasons}")
+        raise NoValidCheckpointError(f"run {self.run!r} has no valid checkpoint{bound}: {reasons}")
 
     def _skip_suspect(self, step: int, rejected: builtins.list[Rejection]) -> bool:
         """Whether ``step`` is marked suspect (the coordinator's reading decides for all)."""
@@ -214,6 +222,11 @@ class Loader:
             except StateMismatchError:
                 raise
             except MouthguardError as exc:
+                if fallback and _deleted(tier, self.run, step):
+                    # Retention or another trainer removed it while this load walked
+                    # back: not damage (no report, which would recreate its directory).
+                    log.info("%s step %d left %s during the load", self.run, step, tier.name)
+                    continue
                 self._reject(CopyRef(tier, self.run, step), exc, rejected, fallback=fallback)
                 continue
             copy = CopyInfo(tier=tier.name, location=tier.location(prefix))
@@ -268,6 +281,14 @@ class Loader:
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         return catalog.tiers_holding(self.store.tiers, self.run, step)
+
+
+def _deleted(tier: Tier, run: str, step: int) -> bool:
+    """Whether ``run``/``step`` is no longer committed on ``tier`` (False if that is unknown)."""
+    try:
+        return not tier.exists(catalog.manifest_key(run, step))
+    except MouthguardError:
+        return False
 
 
 def _record(refs: builtins.list[CopyRef], write: Callable[[CopyRef], None]) -> None:

@@ -167,17 +167,20 @@ def restore(
         store: the store the callback saved to.
         run: the run's name.
         dest: the ``Trainer``'s output directory (created if needed).
-        step: the mouthguard step; ``None`` takes the newest valid checkpoint,
-            falling back past damaged ones with a ``CheckpointFallbackWarning``.
+        step: the mouthguard step to resume from; ``None`` takes the newest. When
+            it is damaged, suspect or gone, the newest valid checkpoint before it
+            is restored instead, with a ``CheckpointFallbackWarning`` (never a
+            newer one, never a suspect one).
 
     Raises:
-        NoValidCheckpointError: ``step=None`` and no checkpoint of ``run`` is valid.
-        CorruptCheckpointError: every copy of ``step`` is damaged.
+        CheckpointNotFoundError: no checkpoint of ``run`` (at or before ``step``)
+            is committed.
+        NoValidCheckpointError: none of them is valid.
         FileExistsError: ``dest/checkpoint-N`` exists already (nothing is overwritten).
         FormatError: the checkpoint was not written by :class:`MouthguardCallback`.
     """
     checkpointer = Checkpointer(store, run, background=False, group=RankGroup())
-    loaded = checkpointer.load(step)
+    loaded = checkpointer.load(at_or_before=step)
     state = loaded.state
     if not isinstance(state, dict) or not isinstance(state.get("hf"), dict):
         raise FormatError(f"{run} step {loaded.step} is not a Hugging Face Trainer checkpoint")

@@ -65,7 +65,6 @@ from mouthguard.errors import (
     UnsupportedStateError,
 )
 from mouthguard.integrations.pointer import Pointer, read_pointer, remove_pointer, write_pointer
-from mouthguard.integrations.recovery import load_at_or_before
 from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule
 from mouthguard.policy.importance import Importance, parse_importance
 
@@ -144,8 +143,12 @@ class CheckpointIO(_LightningCheckpointIO):
         ``map_location`` and ``weights_only`` are accepted for Lightning's sake:
         tensors come back on the CPU, and nothing is ever unpickled.
 
+        A checkpoint marked suspect (its state failed a check) is passed over like
+        a damaged one, as is one deleted while the load walks back.
+
         Raises:
-            CheckpointNotFoundError: nothing is at ``path``.
+            CheckpointNotFoundError: nothing is at ``path``, or no checkpoint of its
+                run at or before its step is committed.
             FormatError: the file at ``path`` is not a mouthguard pointer.
             NoValidCheckpointError: neither it nor an older checkpoint is valid.
         """
@@ -156,7 +159,7 @@ class CheckpointIO(_LightningCheckpointIO):
             checkpointer = Checkpointer(
                 checkpointer.store, pointer.run, background=False, group=RankGroup()
             )
-        loaded = load_at_or_before(checkpointer, pointer.step)
+        loaded = checkpointer.load(at_or_before=pointer.step)
         state = loaded.state
         if not isinstance(state, dict):
             raise UnsupportedStateError(
