@@ -90,6 +90,16 @@ def test_pending(served: Served) -> None:
     assert {("beta", 1), ("beta", 2)} <= trashed
     reasons = [c for c in body["checkpoints"] if (c["run"], c["step"]) == ("beta", 1)]
     assert reasons and "older than the last 3 valid routine" in " ".join(reasons[0]["reasons"])
+    suspect = [c for c in body["checkpoints"] if (c["run"], c["step"]) == ("alpha", 30)]
+    assert suspect and suspect[0]["reasons"][0].startswith("suspect: the loss is NaN")
+
+
+def test_a_suspect_row_names_the_word_and_its_reason(served: Served) -> None:
+    row = served.json("/api/checkpoints/alpha/30")
+    assert row["suspect"] == "the loss is NaN"
+    assert "suspect: the loss is NaN (a resume skips it)" in row["protection_missing"]
+    assert row["retention"]["reasons"][0].startswith("suspect: the loss is NaN")
+    assert served.json("/api/checkpoints/alpha/10")["suspect"] is None
 
 
 def test_another_host_name_is_refused(served: Served) -> None:

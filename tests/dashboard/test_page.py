@@ -48,7 +48,12 @@ def test_checkpoint_rows(page: Element) -> None:
     assert copies[0].attrs["class"] == "copy verified"
     assert "verified" in copies[0].attrs["title"]
     fresh = _cells(by_step["30"])
-    assert fresh[3] == "committed" and fresh[4] == "fast"
+    assert fresh[3].startswith("committed") and fresh[4] == "fast"
+    # A suspect checkpoint says so, with its reason, in the table itself.
+    states = [s.text for s in find_all(by_step["30"], "span") if "state" in s.attrs["class"]]
+    assert states == ["committed", "suspect"]
+    (reason,) = find_all(by_step["30"], "div", **{"class": "reason"})
+    assert reason.text == "the loss is NaN"
     assert fresh[6].endswith("ms") and fresh[8].endswith("/s")  # stall, throughput
     damaged = find_all(by_id(page, "checkpoints"), "tr", data_run="beta", data_step="5")
     (fast,) = find_all(damaged[0], "span", data_tier="fast")
@@ -80,8 +85,11 @@ def test_runs_table(page: Element) -> None:
 def test_pending_decisions_with_reasons(page: Element) -> None:
     trash = find_all(by_id(page, "pending"), "tr", data_action="trash")
     shown = {(c[0], c[1]) for c in map(_cells, trash)}
-    assert {("beta", "1"), ("beta", "2")} <= shown
-    assert all("older than the last 3" in _cells(r)[4] for r in trash)
+    assert {("beta", "1"), ("beta", "2"), ("alpha", "30")} <= shown
+    reasons = {(c[0], c[1]): c[4] for c in map(_cells, trash)}
+    assert all("older than the last 3" in reasons[("beta", s)] for s in ("1", "2"))
+    assert "suspect: the loss is NaN" in reasons[("alpha", "30")]
+    assert not any("failed verification" in r for r in reasons.values())
 
 
 def test_timeline_draws_every_save_of_the_newest_run(page: Element) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mouthguard.policy import (
@@ -160,6 +162,15 @@ def test_invalid_checkpoint_is_never_protected() -> None:
     status = protection_status(c, p)
     assert status.state == "committed"
     assert "the checkpoint failed verification: its copies cannot be loaded" in status.missing
+
+
+def test_a_suspect_checkpoint_is_never_protected_and_says_why() -> None:
+    p = placement_for(Importance.ROUTINE, [FAST, NFS], CONFIG)
+    c = ckpt(Importance.ROUTINE, copy("fast", "node-a"), copy("nfs", "rack-b"), valid=True)
+    status = protection_status(dataclasses.replace(c, suspect="loss is NaN"), p)
+    assert status.state == "committed"
+    assert "suspect: loss is NaN (a resume skips it)" in status.missing
+    assert not any("failed verification" in m for m in status.missing)
 
 
 def test_critical_needs_every_durable_tier_off_fast() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -124,6 +125,16 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_valid() -> None:
     # invalid ones are never counted by keep-last, so they never push a valid one out
     assert d[5].reasons == (
         "invalid: failed verification; only a hold or critical importance keeps it",
+    )
+
+
+def test_a_suspect_checkpoint_is_called_suspect_with_its_reason() -> None:
+    """Intact bytes, a state a check refused: never "failed verification"."""
+    suspect = dataclasses.replace(ck(3, valid=None), suspect="16 NaN in model.w")
+    d = decide(ck(1), ck(2), suspect, routine={"keep_last": 5})
+    assert not d[3].keep and not d[3].newest_valid and d[2].newest_valid
+    assert d[3].reasons == (
+        "suspect: 16 NaN in model.w; only a hold or critical importance keeps it",
     )
 
 

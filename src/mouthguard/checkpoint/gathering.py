@@ -118,6 +118,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         metrics=metrics,
         copies=tuple(copies),
         checked=not suspect and any(side.checked_at is not None for _, side in per_copy),
+        suspect=suspect,
     )
     return CheckpointView(
         facts,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import builtins
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -134,16 +134,7 @@ class Loader:
         return True
 
     def _suspect_reason(self, step: int) -> str:
-        for tier in self._tiers_holding(step):
-            ref = CopyRef(tier, self.run, step)
-            try:
-                reason = saved_suspect(read_manifest(tier, self.run, step, self.keys).reference)
-                reason = reason or read_sidecars(ref).suspect
-            except MouthguardError:
-                continue  # damage is the load's to find and report
-            if reason:
-                return reason
-        return ""
+        return suspect_reason(self._tiers_holding(step), self.run, step, self.keys)
 
     def _passes(
         self, loaded: LoadedCheckpoint, rejected: builtins.list[Rejection], *, fallback: bool
@@ -281,6 +272,25 @@ class Loader:
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         return catalog.tiers_holding(self.store.tiers, self.run, step)
+
+
+def suspect_reason(tiers: Iterable[Tier], run: str, step: int, keys: Keyring | None = None) -> str:
+    """Why ``run``/``step`` is suspect ("" when it is not).
+
+    The save guard's verdict in the manifest, else a suspect mark on any copy
+    among ``tiers``. The one reading of the mark: a fallback load skips what this names, and
+    ``verify`` prints it next to the copy's byte verdict. A copy that cannot be
+    read is passed over (damage is the load's or the verifier's to report).
+    """
+    for tier in tiers:
+        try:
+            reason = saved_suspect(read_manifest(tier, run, step, keys).reference)
+            reason = reason or read_sidecars(CopyRef(tier, run, step)).suspect
+        except MouthguardError:
+            continue
+        if reason:
+            return reason
+    return ""
 
 
 def _deleted(tier: Tier, run: str, step: int) -> bool:

@@ -195,6 +195,8 @@ def _row(
         "step": info.step,
         "importance": info.importance.value,
         "state": info.state,
+        # Intact bytes, a state a check refused: the one word and its reason, as ls says it.
+        "suspect": info.suspect or None,
         "held": bool(info.holds),
         "holds": list(info.holds),
         "created": _iso(info.created),
@@ -226,6 +228,7 @@ def _unreadable_row(item: UnreadableCheckpoint) -> Row:
         "step": item.step,
         "importance": None,
         "state": item.state,
+        "suspect": None,
         "held": False,
         "holds": [],
         "created": None,

@@ -90,6 +90,10 @@ class CheckpointFacts:
             and none failed (a failed one makes it ``valid=False``).
         metrics: reported values such as ``{"loss": 1.23}`` (read-only copy).
         copies: one entry per tier holding a committed copy; tiers are unique.
+        suspect: why its state failed a semantic check ("" when none did). A
+            suspect checkpoint is known invalid whatever ``valid`` says: its bytes
+            may verify, but a resume skips it; every decision names it
+            ``suspect`` with this reason.
 
     Raises:
         ValueError: ``step`` is negative or two copies name the same tier.
@@ -104,6 +108,7 @@ class CheckpointFacts:
     metrics: Mapping[str, float] = field(default_factory=dict)
     copies: tuple[CopyFacts, ...] = ()
     checked: bool = False
+    suspect: str = ""
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -122,8 +127,19 @@ class CheckpointFacts:
 
     @property
     def known_invalid(self) -> bool:
-        """The checkpoint was checked and cannot be loaded."""
-        return self.valid is False
+        """The checkpoint was checked and cannot be loaded, or its state is suspect."""
+        return self.valid is False or bool(self.suspect)
+
+    @property
+    def invalid_because(self) -> str:
+        """Why it is known invalid, in the one wording every report uses ("" if it is not).
+
+        ``suspect: <reason>`` for a state that failed a check (its bytes may well
+        verify), ``invalid: failed verification`` otherwise.
+        """
+        if self.suspect:
+            return f"suspect: {self.suspect}"
+        return "invalid: failed verification" if self.valid is False else ""
 
     @property
     def proven_valid(self) -> bool:
@@ -133,6 +149,8 @@ class CheckpointFacts:
         an unchecked checkpoint with a verified copy counts as valid; an explicit
         ``valid=False`` (e.g. reference values disagree) always wins.
         """
+        if self.suspect:
+            return False
         if self.valid is not None:
             return self.valid
         return any(c.verified and not c.trashed for c in self.copies)

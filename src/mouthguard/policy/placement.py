@@ -318,7 +318,10 @@ def protection_status(checkpoint: CheckpointFacts, placement: Placement) -> Prot
             met.append(f"{kind}s span {spread}, required {placement.required_domains}")
         else:
             missing.append(f"{kind}s span only {spread}, required {placement.required_domains}")
-    if checkpoint.known_invalid:
+    if checkpoint.suspect:
+        # Intact copies of a state a resume skips protect no resume, however many.
+        missing.append(f"suspect: {checkpoint.suspect} (a resume skips it)")
+    elif checkpoint.known_invalid:
         # Copies of a checkpoint that cannot be loaded protect nothing, however many.
         missing.append("the checkpoint failed verification: its copies cannot be loaded")
     holders = {c.tier for c in replicas}

@@ -139,7 +139,7 @@ def _decide_run(
     decisions = []
     for c in ckpts:
         reasons = keep[c.step] or [
-            "invalid: failed verification; only a hold or critical importance keeps it"
+            f"{c.invalid_because}; only a hold or critical importance keeps it"
             if c.known_invalid
             else dropped_by[c.step]
         ]

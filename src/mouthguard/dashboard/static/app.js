@@ -117,6 +117,11 @@ function copyCell(copies) {
 function stateCell(row) {
   const td = el("td", {}, el("span", { class: "state " + row.state, title: row.protection_missing.join("\n") }, row.state));
   if (row.held) td.append(" ", el("span", { class: "state held", title: row.holds.join(", ") }, "held"));
+  // Suspect: intact bytes a resume skips. The reason is shown, not only hovered.
+  if (row.suspect) {
+    td.append(" ", el("span", { class: "state suspect" }, "suspect"),
+      el("div", { class: "reason" }, row.suspect));
+  }
   return td;
 }
 
