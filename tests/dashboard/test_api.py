@@ -11,6 +11,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import mouthguard
+from mouthguard.checkpoint import ranks
 from mouthguard.dashboard import Sources
 from tests.dashboard.helpers import TOKEN, Served, ops_store, serving
 
@@ -231,6 +232,25 @@ def test_mutations_with_the_token(tmp_path: Path) -> None:
             assert status == code and reply["error"], (path, payload)
     info = mouthguard.Checkpointer(store, "r", background=False).info(1)
     assert info is not None and info.holds == () and info.importance.value == "critical"
+
+
+def test_a_mutation_in_a_distributed_process_reaches_no_collective(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Embedded in rank 0 of a job, a request thread must never join a checkpoint collective."""
+    import torch.distributed as dist  # noqa: PLC0415 - the test pretends a job is running
+
+    store = _small(tmp_path)
+
+    def no_collective(*_args: object, **_kw: object) -> None:
+        raise AssertionError("a dashboard request built a process group")
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda _group=None: 2)
+    monkeypatch.setattr(ranks, "TorchRanks", no_collective)
+    with serving(store, token=TOKEN) as served:
+        status, body = _post(served, "/api/checkpoints/r/1/hold", {"name": "audit"}, TOKEN)
+    assert status == 200 and body["holds"] == ["audit"]
 
 
 def _small(tmp_path: Path) -> mouthguard.Store:

@@ -55,6 +55,7 @@ from starlette.staticfiles import StaticFiles
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo
+from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.dashboard import metrics
 from mouthguard.dashboard.cache import SnapshotCache
 from mouthguard.dashboard.datasets import KVStats, dataset_rows, kvcache_rows
@@ -245,7 +246,9 @@ class _Api:
         try:
             catalog.validate_run(run)
             catalog.validate_step(step)
-            ckpt = Checkpointer(self.cache.store, run, background=False)
+            # This process alone: embedded in rank 0 of a job, a request thread must
+            # never join (or build) a process group the other ranks are not in.
+            ckpt = Checkpointer(self.cache.store, run, background=False, group=RankGroup())
             if ckpt.info(step, missing_ok=True) is None:
                 raise ApiError(404, f"no readable checkpoint {run} step {step}")
             result = self._apply(ckpt, step, verb, body)
