@@ -35,8 +35,8 @@ from mouthguard.checkpoint.reader import load_copy, read_manifest
 from mouthguard.checkpoint.semantic import (
     Check,
     CheckInput,
+    agreed_verdicts,
     reference_of,
-    run_check,
     saved_suspect,
 )
 from mouthguard.checkpoint.sidecars import (
@@ -143,8 +143,7 @@ class Loader:
         if self.check is None:
             return True
         subject = CheckInput(loaded.step, loaded.state, loaded.reference)
-        mine = run_check(self.check, subject) or ""
-        verdicts = [str(v or "") for v in self.ranks.all_gather(mine)]
+        verdicts = agreed_verdicts(self.check, subject, self.ranks)
         failed = [(rank, v) for rank, v in enumerate(verdicts) if v]
         refs = [CopyRef(t, self.run, loaded.step) for t in self._tiers_holding(loaded.step)]
         if not failed:
