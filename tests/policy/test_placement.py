@@ -205,3 +205,11 @@ def test_the_old_name_still_works_with_a_deprecation_warning() -> None:
     assert plan_placement is mouthguard.policy.placement_for
     with pytest.raises(AttributeError, match="no_such_name"):
         mouthguard.policy.no_such_name  # noqa: B018
+
+
+def test_a_copy_with_a_damage_report_counts_toward_no_protection() -> None:
+    p = placement_for(Importance.ROUTINE, [FAST, NFS], CONFIG)
+    reported = dataclasses.replace(copy("nfs", "rack-b"), damage_reported=True)
+    status = protection_status(ckpt(Importance.ROUTINE, copy("fast", "node-a"), reported), p)
+    assert status.state != "protected"
+    assert any("damage reported, not counted: nfs" in m for m in status.missing)

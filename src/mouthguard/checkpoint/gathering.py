@@ -96,6 +96,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
                 verified=side.verified_at is not None,
                 verified_at=_ts(side.verified_at),
                 trashed_at=_ts(side.trashed_at),
+                damage_reported=bool(side.damage),
             )
         )
     if manifest is None:

@@ -57,6 +57,9 @@ class CopyFacts:
         verified_at: when (unix seconds), if ever.
         trashed_at: when the copy was moved to the trash (unix seconds), or
             ``None`` if it is live. A trashed copy does not count as a copy.
+        damage_reported: a reader found the copy damaged (a damage report, not
+            yet confirmed or cleared): it is not verified whatever its receipt
+            says, and it counts toward no protection until it reads back intact.
     """
 
     tier: str
@@ -64,6 +67,7 @@ class CopyFacts:
     verified: bool = False
     verified_at: float | None = None
     trashed_at: float | None = None
+    damage_reported: bool = False
 
     @property
     def trashed(self) -> bool:
