@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import socket
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -282,3 +284,55 @@ def test_datasets_and_kv_caches(tmp_path: Path) -> None:
         assert bad["location"] == missing and bad["error"]
         (kv,) = served.json("/api/kvcache")
         assert kv == {"cache": "llama", "tier": "memory", **stats["memory"]}
+
+
+def _raw_post(served: Served, path: str, headers: dict[str, str], body: bytes) -> bytes:
+    """Send a POST's headers and only ``body`` (maybe less than announced); the reply.
+
+    The connection stays open after ``body``: a server that waited for the rest
+    would never answer (the socket timeout then fails the test).
+    """
+    address = urllib.parse.urlsplit(served.url)
+    with socket.create_connection((address.hostname, address.port), timeout=30) as conn:
+        head = [f"POST {path} HTTP/1.1", f"Host: {address.hostname}"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        conn.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        return reply
+
+
+def _status(reply: bytes) -> int:
+    """The status code of a raw HTTP reply (``HTTP/1.1 413 Request Entity Too Large``)."""
+    return int(reply.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_a_huge_body_is_never_read(tmp_path: Path, token: str | None) -> None:
+    """Announced as 1 GiB, only 1 KiB sent: refused at once, before the token check
+    (401) or by its announced length (413), without waiting for the rest."""
+    with serving(_small(tmp_path), token=TOKEN) as served:
+        headers = {"Content-Type": "application/json", "Content-Length": str(1 << 30)}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        reply = _raw_post(served, "/api/checkpoints/r/1/hold", headers, b"{" + b" " * 1023)
+    assert _status(reply) == (401 if token is None else 413), reply[:200]
+
+
+def test_a_chunked_body_is_cut_off_past_the_cap(tmp_path: Path) -> None:
+    """No length announced: reading stops past 4 KiB, while the client is still sending."""
+    with serving(_small(tmp_path), token=TOKEN) as served:
+        headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {TOKEN}",
+            "Transfer-Encoding": "chunked",
+        }
+        chunk = b" " * 5000
+        body = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"  # never terminated
+        reply = _raw_post(served, "/api/checkpoints/r/1/hold", headers, body)
+    assert _status(reply) == 413, reply[:200]
+    assert _holds(served.store, "r", 1) == ()

@@ -24,8 +24,10 @@ except ``/api/datasets`` which opens each named dataset's manifest):
 **Mutations** are refused (403) unless the application was built with a token
 (``mouthguard serve --allow-mutations`` and ``$MOUTHGUARD_SERVE_TOKEN``); then
 every ``POST`` must carry ``Authorization: Bearer <token>`` (401 otherwise),
-compared in constant time. A header cannot be set by a cross-site form, so the
-token also stops cross-site requests. The page asks for the token and keeps it
+compared in constant time, before any byte of the body is read; the body is
+then read only up to 4 KiB (413 past it, or when a longer one is announced). A
+header cannot be set by a cross-site form, so the token also stops cross-site
+requests. The page asks for the token and keeps it
 in the tab's memory only.
 
 **Hosts.** Served on loopback, only loopback host names are answered (400
@@ -119,32 +121,58 @@ def create_app(
         Route("/api/pending", _json(api.pending)),
         Route("/api/datasets", _json(api.datasets)),
         Route("/api/kvcache", _json(api.kvcache)),
-        Route("/api/checkpoints/{run}/{step:int}/{verb}", _json(api.mutate), methods=["POST"]),
+        Route(
+            "/api/checkpoints/{run}/{step:int}/{verb}",
+            _json(api.mutate, authorize=api.authorize),
+            methods=["POST"],
+        ),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
     return Starlette(routes=routes, middleware=middleware)
 
 
-def _json(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+def _json(
+    handler: Callable[[Request], Any], *, authorize: Callable[[Request], None] | None = None
+) -> Callable[[Request], Any]:
     """Wrap an API handler: its value as JSON, an :class:`ApiError` as ``{"error"}``.
 
     Handlers are synchronous (they read files, or take the snapshot's lock);
-    Starlette runs them in its thread pool through ``run_in_threadpool``.
+    Starlette runs them in its thread pool through ``run_in_threadpool``. A
+    ``POST`` is first checked by ``authorize`` from its headers alone; only then is its
+    body read, never past :data:`MAX_BODY` bytes: a client without the token
+    cannot make the server buffer anything, and one with it at most 4 KiB.
     """
 
     async def endpoint(request: Request) -> Response:
-        body = await request.body() if request.method == "POST" else b""
-        if len(body) > MAX_BODY:
-            return JSONResponse({"error": f"body over {MAX_BODY} bytes"}, status_code=413)
-        request.state.body = body
         try:
+            if authorize is not None:
+                authorize(request)
+            request.state.body = await _capped_body(request) if request.method == "POST" else b""
             value = await run_in_threadpool(handler, request)
         except ApiError as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         return JSONResponse(value, headers={"Cache-Control": "no-store"})
 
     return endpoint
+
+
+async def _capped_body(request: Request) -> bytes:
+    """The request body, read only while it stays within :data:`MAX_BODY` bytes.
+
+    Raises:
+        ApiError: 413 as soon as the declared length or the bytes received pass it.
+    """
+    too_big = ApiError(413, f"body over {MAX_BODY} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise too_big  # (the HTTP server has already refused a malformed length)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise too_big
+    return bytes(body)
 
 
 class _Api:
@@ -240,7 +268,7 @@ class _Api:
         return kvcache_rows(self.sources.kvcache)
 
     def mutate(self, request: Request) -> Row:
-        self._authorize(request)
+        """Apply one mutation; the caller has already run :meth:`authorize`."""
         run, step, verb = (request.path_params[k] for k in ("run", "step", "verb"))
         body = _body(request.state.body)
         try:
@@ -274,7 +302,8 @@ class _Api:
             return {"done": True, **_facts(info)}
         raise ApiError(404, f"no action {verb!r}: hold, release or importance")
 
-    def _authorize(self, request: Request) -> None:
+    def authorize(self, request: Request) -> None:
+        """Refuse (403/401) unless mutations are enabled and the request carries the token."""
         if self.token is None:
             raise ApiError(
                 403, "read-only: start mouthguard serve with --allow-mutations to change facts"
