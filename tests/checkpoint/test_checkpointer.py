@@ -401,3 +401,28 @@ def test_a_candidate_deleted_while_it_is_read_is_not_reported_as_damage(
     assert loaded.rejected == []  # not damage: nothing to repair
     # No damage report written into the deleted step's place (it would recreate it).
     assert not step_path(store, "r", 2).exists()
+
+
+FLOAT8_DTYPES = [
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+]
+
+
+@pytest.mark.parametrize("name", FLOAT8_DTYPES)
+def test_every_float8_dtype_safetensors_carries_round_trips(
+    ckpt: mouthguard.Checkpointer, store: mouthguard.Store, name: str
+) -> None:
+    """Every byte pattern (NaN encodings included) comes back, and safetensors reads it."""
+    dtype = getattr(torch, name)
+    raw = torch.arange(256, dtype=torch.int64).to(torch.uint8).reshape(16, 16)
+    ckpt.save(1, {"w": raw.view(dtype), "other": torch.ones(2)})
+    loaded = ckpt.load(1).state
+    assert isinstance(loaded, dict) and loaded["w"].dtype == dtype
+    assert torch.equal(loaded["w"].view(torch.uint8), raw)
+    theirs = load_file(step_path(store, "r", 1) / "rank-00000.safetensors")
+    (key,) = [k for k in theirs if theirs[k].dtype == dtype]
+    assert torch.equal(theirs[key].view(torch.uint8), raw)
