@@ -245,6 +245,15 @@ class CheckpointFallbackWarning(UserWarning):
     """Emitted when ``load()`` skips a damaged copy or checkpoint and falls back."""
 
 
+class UnsignedRestoreWarning(UserWarning):
+    """Files restored from an unsigned store are ones a framework will unpickle.
+
+    Checksums prove the bytes are the ones written, not who wrote them: anyone
+    who could write the store could have planted them. A manifest key
+    (``$MOUTHGUARD_MANIFEST_KEY``) makes only validly signed checkpoints load.
+    """
+
+
 class SuspectStateWarning(UserWarning):
     """Emitted when a save's check fails: the state is committed as transient and suspect."""
 

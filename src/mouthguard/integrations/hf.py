@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ from typing_extensions import override
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.store import Store
-from mouthguard.errors import FormatError
+from mouthguard.errors import FormatError, UnsignedRestoreWarning
 from mouthguard.integrations.dir_files import check_relative, read_dir, write_dir
 from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule
 from mouthguard.policy.importance import Importance, parse_importance
@@ -178,6 +180,11 @@ def restore(
         NoValidCheckpointError: none of them is valid.
         FileExistsError: ``dest/checkpoint-N`` exists already (nothing is overwritten).
         FormatError: the checkpoint was not written by :class:`MouthguardCallback`.
+
+    Warns:
+        UnsignedRestoreWarning: the store has no manifest key and the restored
+            directory holds files the ``Trainer`` unpickles (``optimizer.pt``,
+            ``rng_state.pth``...).
     """
     checkpointer = Checkpointer(store, run, background=False, group=RankGroup())
     loaded = checkpointer.load(at_or_before=step)
@@ -187,4 +194,21 @@ def restore(
     name = check_relative(state["hf"].get("checkpoint_dir"))
     if "/" in name:
         raise FormatError(f"{run} step {loaded.step}: checkpoint directory {name!r} is not a name")
-    return write_dir(state.get("files"), Path(dest) / name)
+    files = state.get("files")
+    pickled = sorted(
+        str(f) for f in (files if isinstance(files, dict) else {}) if _PICKLED.search(str(f))
+    )
+    if pickled and checkpointer.manifest_keys is None:
+        warnings.warn(
+            f"{run} step {loaded.step} comes from an unsigned store, and the Trainer will "
+            f"unpickle {', '.join(pickled[:4])}{' ...' if len(pickled) > 4 else ''} on resume: "
+            "anyone who could write the store could have planted them. Set a manifest key "
+            "($MOUTHGUARD_MANIFEST_KEY) so that only signed checkpoints are restored",
+            UnsignedRestoreWarning,
+            stacklevel=2,
+        )
+    return write_dir(files, Path(dest) / name)
+
+
+#: Files a ``Trainer`` (through ``torch.load``) unpickles on resume.
+_PICKLED = re.compile(r"\.(pt|pth|bin|pkl|pickle)$")
