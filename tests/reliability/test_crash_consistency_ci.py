@@ -25,6 +25,9 @@ def test_powerloss_and_rankdeath_ci_levels_pass_with_their_case_counts(tmp_path:
     # the survivors said what happened, in mouthguard's words
     assert set(rankdeath["details"]["survivor_errors"]) <= {"RankLostError", "RankFailedError"}
     assert rankdeath["details"]["survivor_errors"]
+    # a victim that stays alive but silent (SIGSTOP): only the collective timeout ends it
+    stopped = [k for k in rankdeath["cases_by_kind"] if k.startswith("stopped (SIGSTOP)")]
+    assert sum(rankdeath["cases_by_kind"][k] for k in stopped) >= 2
 
 
 def test_collective_timeout_must_be_positive(tmp_path: Path) -> None:
