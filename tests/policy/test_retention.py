@@ -138,6 +138,17 @@ def test_a_suspect_checkpoint_is_called_suspect_with_its_reason() -> None:
     )
 
 
+def test_what_its_trainer_released_is_kept_only_as_a_recovery_point_or_by_a_guard() -> None:
+    released = [dataclasses.replace(ck(s), released=True) for s in (2, 3)]
+    held = dataclasses.replace(ck(4, held=True), released=True)
+    newest = dataclasses.replace(ck(6), released=True)
+    d = decide(ck(1), *released, held, ck(5), newest, routine={"keep_last": 10})
+    assert kept(d) == [1, 4, 5, 6]  # keep-last would have kept 2 and 3 as well
+    assert d[2].reasons[0].startswith("released by its trainer")
+    assert d[4].reasons == ("held: a hold blocks deletion",)
+    assert d[6].newest_valid  # never the last recovery point given up
+
+
 def test_newest_valid_is_kept_whatever_its_level() -> None:
     d = decide(ck(1), ck(2, T), routine={"keep_last": 0}, transient={"keep_last": 0})
     assert d[2].keep and d[2].reasons == ("newest valid checkpoint of run r",)

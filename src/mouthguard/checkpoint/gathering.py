@@ -120,6 +120,10 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         copies=tuple(copies),
         checked=not suspect and any(side.checked_at is not None for _, side in per_copy),
         suspect=suspect,
+        # Given up by its trainer: every copy in the trash, under the trainer's mark.
+        released=bool(per_copy)
+        and all(side.trashed_at is not None for _, side in per_copy)
+        and any(side.trash_released for _, side in per_copy),
     )
     return CheckpointView(
         facts,

@@ -4,10 +4,12 @@ A resume is ``Checkpointer.load(at_or_before=step)``: the one load path that
 honours suspect marks, damage and checkpoints deleted during the walk.
 
 :func:`give_up`: the trainer no longer wants a checkpoint (Lightning's top-k
-dropped it). It goes to the trash, from which a retention pass purges it after
-the level's delay -- unless it is held or critical, which are kept, or a
-retention rule still keeps it (the newest valid checkpoint, keep-last), in which
-case the pass lifts the mark. Nothing is deleted here.
+dropped it). It goes to the trash, marked *released* by its trainer, from which
+a retention pass purges it after the level's delay -- unless it is held or
+critical, which are kept, or it is the run's newest valid checkpoint (a recovery
+point), in which case the pass lifts the mark. Keep-last, best-k and
+keep-within never keep a released checkpoint: the store keeps what the trainer
+keeps. Nothing is deleted here.
 """
 
 from __future__ import annotations
@@ -32,5 +34,5 @@ def give_up(checkpointer: Checkpointer, step: int, reason: str) -> str:
     when = utc_now()
     tiers = catalog.tiers_holding(checkpointer.store.tiers, run, step)
     for tier in tiers:
-        mark_trashed(CopyRef(tier, run, step), reason, when)
+        mark_trashed(CopyRef(tier, run, step), reason, when, released=True)
     return f"{run} step {step} put in the trash on {len(tiers)} tier(s): {reason}"

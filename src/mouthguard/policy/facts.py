@@ -98,6 +98,11 @@ class CheckpointFacts:
             suspect checkpoint is known invalid whatever ``valid`` says: its bytes
             may verify, but a resume skips it; every decision names it
             ``suspect`` with this reason.
+        released: its trainer gave it up (every copy is in the trash under the
+            trainer's mark: Lightning's top-k dropped it). Retention keeps it
+            only by a hold, critical importance or as a recovery point, never
+            by keep-last, best-k or keep-within, so the store holds what the
+            trainer holds.
 
     Raises:
         ValueError: ``step`` is negative or two copies name the same tier.
@@ -113,6 +118,7 @@ class CheckpointFacts:
     copies: tuple[CopyFacts, ...] = ()
     checked: bool = False
     suspect: str = ""
+    released: bool = False
 
     def __post_init__(self) -> None:
         if self.step < 0:
