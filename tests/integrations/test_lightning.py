@@ -20,6 +20,8 @@ from mouthguard.cli.main import main
 from mouthguard.errors import CheckpointFallbackWarning, FormatError, UnsupportedStateError
 from mouthguard.integrations.lightning import CheckpointIO, restore_pointers
 from mouthguard.integrations.pointer import read_pointer
+from mouthguard.tiers.local import LocalTier
+from mouthguard.tiers.throttle import ThrottledTier
 from tests.checkpoint.helpers import assert_same, flip_byte, step_path
 
 pytestmark = pytest.mark.filterwarnings(
@@ -290,3 +292,23 @@ def test_a_supersede_left_undone_by_a_killed_run_is_finished_on_the_next_start(
     again.save_checkpoint({**state, "global_step": 3}, tmp_path / "checkpoints" / "other.ckpt")
     again.teardown()
     assert again.checkpointer.info(second).state != "trashed"  # type: ignore[union-attr]
+
+
+def test_a_second_checkpoint_io_sees_a_save_still_in_flight(tmp_path: Path) -> None:
+    """``trainer.save_checkpoint(p)``, then a new Trainer's ``fit(ckpt_path=p)``: the new
+    plug-in waits for the first one's save instead of falling back past it."""
+    # A slow disk (256 KiB/s for a 256 KiB state): the save is still being written
+    # when the second plug-in reads the pointer.
+    slow = ThrottledTier(LocalTier(tmp_path / "fast"), write_bytes_per_second=256 * 1024)
+    store = mouthguard.Store([slow])
+    first = CheckpointIO(store, run="lit", background=False)
+    path = tmp_path / "checkpoints" / "manual.ckpt"
+    first.save_checkpoint({"global_step": 1, "state_dict": {"w": torch.zeros(4)}}, path)
+    big = {"global_step": 7, "state_dict": {"w": torch.ones(64 * 1024)}}
+    first.save_checkpoint(big, path)  # returns once snapshotted; the write goes on
+    second = CheckpointIO(store, run="lit", background=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointFallbackWarning)
+        loaded = second.load_checkpoint(path)
+    assert loaded["global_step"] == 7
+    first.teardown()

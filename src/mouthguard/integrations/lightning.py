@@ -157,6 +157,7 @@ class CheckpointIO(_LightningCheckpointIO):
             NoValidCheckpointError: neither it nor an older checkpoint is valid.
         """
         self.saves.settle()
+        self.saves.wait_for_peers()  # a save of another CheckpointIO may name this path
         self._finish_leftovers()
         pointer = read_pointer(path)
         checkpointer = self.checkpointer
