@@ -21,6 +21,7 @@ from mouthguard.checkpoint.sidecars import (
     write_receipt,
 )
 from mouthguard.errors import FormatError
+from mouthguard.jobs import replicator as replicator_module
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.copy import SourceDamagedError, copy_checkpoint
 from mouthguard.jobs.replicator import ReplicationReport, Replicator, Shortfall
@@ -285,3 +286,22 @@ def test_a_receipt_beside_a_damage_report_vouches_for_nothing(
     assert info is not None and info.state != "protected"
     (copy,) = [c for c in info.copies if c.tier == "durable"]
     assert not copy.verified and "checksum mismatch" in copy.damage
+
+
+def test_a_copy_another_replicator_made_meanwhile_is_no_shortfall(
+    two_tier: mouthguard.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two trainers' services on one store: the other one commits the copy between this
+    pass's look at the destination and its own commit."""
+    ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
+    ckpt.save(1, {"w": torch.ones(64)})
+    real = replicator_module.copy_checkpoint
+
+    def raced(src: Tier, dst: Tier, run: str, step: int, **kw: object) -> object:
+        real(src, dst, run, step)  # the rival's copy lands first
+        return real(src, dst, run, step, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replicator_module, "copy_checkpoint", raced)
+    report = Replicator(two_tier).run_once()
+    assert report.shortfalls == []
+    assert ckpt.info(1).state == "protected"  # type: ignore[union-attr]
