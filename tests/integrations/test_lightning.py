@@ -18,7 +18,11 @@ from mouthguard.checkpoint.sidecars import CopyRef, mark_suspect
 from mouthguard.checkpoint.writer import utc_now
 from mouthguard.cli.main import main
 from mouthguard.errors import CheckpointFallbackWarning, FormatError, UnsupportedStateError
-from mouthguard.integrations.lightning import CheckpointIO, restore_pointers
+from mouthguard.integrations.lightning import (
+    CheckpointIO,
+    load_from_checkpoint,
+    restore_pointers,
+)
 from mouthguard.integrations.pointer import read_pointer
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.throttle import ThrottledTier
@@ -312,3 +316,17 @@ def test_a_second_checkpoint_io_sees_a_save_still_in_flight(tmp_path: Path) -> N
         loaded = second.load_checkpoint(path)
     assert loaded["global_step"] == 7
     first.teardown()
+
+
+def test_a_module_loads_from_a_pointer(
+    tmp_path: Path, io: CheckpointIO, store: mouthguard.Store
+) -> None:
+    """``Model.load_from_checkpoint(pointer)`` cannot read a pointer; the helper can."""
+    trained = _fit(tmp_path, 1, io)
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    with pytest.raises(Exception, match=r"(?i)unpickl|load key"):
+        Tiny.load_from_checkpoint(path)  # Lightning's own: the limitation documented
+    loaded = load_from_checkpoint(Tiny, store, path)
+    assert isinstance(loaded, Tiny) and loaded.hparams["lr"] == 0.1
+    assert torch.equal(loaded.layer.weight, trained.layer.weight)
+    assert load_from_checkpoint(Tiny, store, path, lr=0.5).hparams["lr"] == 0.5

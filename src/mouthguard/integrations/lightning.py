@@ -23,6 +23,9 @@ Contracts:
   on the CPU, as Lightning's own loader with its default ``map_location``). A
   damaged or missing checkpoint falls back to the newest valid one saved before
   it, with a :class:`~mouthguard.errors.CheckpointFallbackWarning`.
+* ``LightningModule.load_from_checkpoint(path)`` cannot read a pointer (it
+  unpickles the file): :func:`load_from_checkpoint` ``(Model, store, path)`` is
+  the same call for one.
 * :func:`restore_pointers` writes the pointers again into a checkpoint directory
   that was lost with its machine; the checkpoints never left the store.
 * ``remove_checkpoint(path)`` removes the pointer and puts the checkpoint in the
@@ -45,6 +48,7 @@ there. Paths are local paths (the pointer is a local file).
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections import OrderedDict
@@ -259,6 +263,42 @@ class CheckpointIO(_LightningCheckpointIO):
                 continue
             if pointer.run == self.saves.run:
                 self.saves.note_best(key, pointer.step, Importance.ROUTINE)
+
+
+def load_from_checkpoint(
+    cls: type[Any],
+    store: Store | str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    **kwargs: Any,
+) -> Any:
+    """``cls.load_from_checkpoint(path)`` for a mouthguard pointer at ``path``.
+
+    Lightning's own ``LightningModule.load_from_checkpoint`` runs ``torch.load`` on
+    the file it is given, so on a pointer it fails with an unpickling error. This
+    loads the checkpoint from ``store`` (verified; the newest valid one at or
+    before it, as a resume would) and hands it to Lightning's classmethod as an
+    in-memory stream with ``weights_only=True``: only bytes made here from the
+    verified state are unpickled, by the restricted unpickler, never anything
+    read from storage. ``kwargs`` go to ``cls.load_from_checkpoint``
+    (``strict``, hyper-parameter overrides, ...).
+
+    Raises:
+        CheckpointNotFoundError: nothing is at ``path``, or nothing loadable is stored.
+        FormatError: the file at ``path`` is not a mouthguard pointer.
+    """
+    import torch  # noqa: PLC0415 - torch is loaded already wherever a module is built
+
+    pointer = read_pointer(path)
+    plugin = CheckpointIO(store, run=pointer.run, background=False)
+    try:
+        checkpoint = plugin.load_checkpoint(path)
+    finally:
+        plugin.teardown()
+    stream = io.BytesIO()
+    torch.save(checkpoint, stream)
+    stream.seek(0)
+    kwargs.setdefault("weights_only", True)
+    return cls.load_from_checkpoint(stream, **kwargs)
 
 
 def restore_pointers(
