@@ -81,6 +81,8 @@ def test_timeline(served: Served) -> None:
     assert all(s["seconds"] >= s["stall_seconds"] > 0 for s in alpha["saves"])
     assert served.json("/api/timeline?run=alpha&limit=2")["saves"][0]["step"] == 20
     assert served.json("/api/timeline?run=nobody") == {"run": "nobody", "total": 0, "saves": []}
+    # No run named: the one with the most saves (beta, 5), not that of the newest (alpha 30).
+    assert served.json("/api/timeline")["run"] == "beta"
 
 
 def test_pending(served: Served) -> None:

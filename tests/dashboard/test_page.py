@@ -92,12 +92,16 @@ def test_pending_decisions_with_reasons(page: Element) -> None:
     assert not any("failed verification" in r for r in reasons.values())
 
 
-def test_timeline_draws_every_save_of_the_newest_run(page: Element) -> None:
+def test_timeline_draws_every_save_of_the_busiest_run(page: Element) -> None:
     bars = find_all(by_id(page, "timeline"), "rect")
     saves = [b for b in bars if b.attrs.get("class") == "save"]
     stalls = [b for b in bars if b.attrs.get("class") == "stall"]
-    assert by_id(page, "timeline-run").text == "run alpha"  # alpha 30 is the newest save
-    assert [b.attrs["data-step"] for b in saves] == ["10", "20", "30"] and len(stalls) == 3
+    # beta has 5 saves, alpha 3: the newest save (alpha 30) does not decide.
+    assert by_id(page, "timeline-run").text == "run beta"
+    assert [b.attrs["data-step"] for b in saves] == ["1", "2", "3", "4", "5"] and len(stalls) == 5
+    # The time axis: two different labels, even when the saves share a second.
+    *_, start, end = [t.text for t in find_all(by_id(page, "timeline"), "text")]
+    assert start != end and start < end
 
 
 def test_no_actions_on_a_read_only_page(page: Element) -> None:

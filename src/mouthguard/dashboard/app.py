@@ -13,6 +13,7 @@ except ``/api/datasets`` which opens each named dataset's manifest):
                                                       ``offset``, ``limit`` (<= 500), ``order``
 ``GET /api/checkpoints/{run}/{step}``                 one row
 ``GET /api/timeline?run=R&limit=N``                   the run's newest N recorded saves
+                                                      (default run: the one with the most)
 ``GET /api/pending?limit=N``                          what ``gc`` would do now, with reasons
                                                       (the first N, oldest first; totals)
 ``GET /api/datasets``, ``GET /api/kvcache``           the datasets and KV caches given
@@ -226,7 +227,7 @@ class _Api:
         snapshot = self.cache.latest()
         limit = _integer(q, "limit", 1000, 1, MAX_TIMELINE)
         saved = [r for r in snapshot.rows if r["save"] is not None]
-        run = q.get("run") or (max(saved, key=lambda r: r["created"])["run"] if saved else None)
+        run = q.get("run") or _busiest_run(saved)
         points = [
             {
                 "step": r["step"],
@@ -313,6 +314,20 @@ class _Api:
         valid = hmac.compare_digest(credential.strip().encode(), self.token.encode())
         if scheme.lower() != "bearer" or not valid:
             raise ApiError(401, "a valid 'Authorization: Bearer <token>' header is required")
+
+
+def _busiest_run(saved: Sequence[Row]) -> str | None:
+    """The run with the most recorded saves, the newest save breaking ties (None: no saves).
+
+    Not simply the run of the newest save: a two-save side run (a diverged branch,
+    an evaluation) would hide the training run the page is opened to watch.
+    """
+    counts: dict[str, int] = {}
+    newest: dict[str, str] = {}
+    for r in saved:
+        counts[r["run"]] = counts.get(r["run"], 0) + 1
+        newest[r["run"]] = max(newest.get(r["run"], ""), r["created"] or "")
+    return max(counts, key=lambda run: (counts[run], newest[run]), default=None)
 
 
 def _facts(info: CheckpointInfo) -> Row:

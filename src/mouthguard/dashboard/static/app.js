@@ -207,8 +207,12 @@ function renderTimeline(t) {
   };
   label(seconds(top), L - 4, T + 8, "end");
   label("0", L - 4, H - B, "end");
-  label(when(saves[0].created), L, H - 6);
-  label(when(saves[saves.length - 1].created), W - 10, H - 6, "end");
+  // Saves within one second would get the same label: then show milliseconds.
+  const first = saves[0].created, last = saves[saves.length - 1].created;
+  const fine = when(first) === when(last) && t1 > t0;
+  const stamp = (iso) => (fine ? new Date(iso).toISOString().replace("T", " ").slice(0, 23) + "Z" : when(iso));
+  label(stamp(first), L, H - 6);
+  if (t1 > t0) label(stamp(last), W - 10, H - 6, "end");
   saves.forEach((s, i) => {
     const left = x(times[i]);
     const bar = shape("rect", { class: "save", x: left, y: y(s.seconds), width: width, height: H - B - y(s.seconds), "data-step": s.step });
