@@ -213,8 +213,9 @@ class CheckpointIO(_LightningCheckpointIO):
         A save under a name already used gives the older checkpoint up only once
         the new one has committed; a run killed in between leaves it live. Here a
         checkpoint is given up when the pointer at the path Lightning saved it
-        under now names a newer step of this run -- and only then: a missing
-        pointer (a checkpoint directory lost with its machine) proves nothing.
+        under now names a newer, committed step of this run -- and only then: a
+        missing pointer (a checkpoint directory lost with its machine) proves
+        nothing.
         """
         if self._leftovers_done:
             return
@@ -225,7 +226,8 @@ class CheckpointIO(_LightningCheckpointIO):
                 continue
             path = _saved_path(checkpointer, info.step)
             newer = self._replaced(path) if path else None
-            if newer is not None and newer > info.step:
+            # Only once the newer one is committed: a save still in flight may fail.
+            if newer is not None and newer > info.step and checkpointer.exists(newer):
                 self.saves.give_up(
                     info.step, f"superseded by step {newer} under the same name (found on start)"
                 )
