@@ -6,15 +6,21 @@ import datetime as dt
 import json
 import socket
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
+from typing_extensions import override
 
 import mouthguard
 from mouthguard.checkpoint import ranks
 from mouthguard.dashboard import Sources
+from mouthguard.errors import TierError
+from mouthguard.tiers.local import LocalTier
+from mouthguard.tiers.memory import MemoryTier
+from mouthguard.tiers.wrapper import WrappedTier
 from tests.dashboard.helpers import TOKEN, Served, ops_store, serving
 
 LATER = dt.datetime(2100, 1, 1, tzinfo=dt.UTC)
@@ -25,6 +31,9 @@ def test_summary(served: Served) -> None:
     assert body["checkpoints"] == 8 and body["mutations"] is False
     assert body["by_state"]["protected"] >= 2 and body["by_state"]["committed"] >= 1
     assert [t["name"] for t in body["tiers"]] == ["fast", "durable"]
+    for tier in body["tiers"]:  # local tiers: they answer, and their disk has room
+        assert tier["health"] == "ok"
+        assert 0 < tier["free_bytes"] <= tier["total_bytes"]
     assert {r["run"] for r in body["runs"]} == {"alpha", "beta"}
     assert body["pending"]["trash"] >= 2
 
@@ -338,3 +347,29 @@ def test_a_chunked_body_is_cut_off_past_the_cap(tmp_path: Path) -> None:
         reply = _raw_post(served, "/api/checkpoints/r/1/hold", headers, body)
     assert _status(reply) == 413, reply[:200]
     assert _holds(served.store, "r", 1) == ()
+
+
+class _DeadTier(WrappedTier):
+    """A tier whose every operation fails, as an object store that is down."""
+
+    @override
+    def exists(self, key: str) -> bool:
+        raise TierError("connection refused")
+
+    @override
+    def list(self, prefix: str = "") -> Iterator[str]:
+        raise TierError("connection refused")
+
+    @override
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        raise TierError("connection refused")
+
+
+def test_a_tier_that_does_not_answer_is_shown_unreachable(tmp_path: Path) -> None:
+    fast = LocalTier(tmp_path / "fast", "fast", "node-a")
+    dead = _DeadTier(MemoryTier("objects", "region-b"))
+    with serving(mouthguard.Store([fast, dead])) as served:
+        tiers = {t["name"]: t for t in served.json("/api/summary")["tiers"]}
+    assert tiers["fast"]["health"] == "ok"
+    assert tiers["objects"]["health"] == "unreachable: connection refused"
+    assert tiers["objects"]["free_bytes"] is None  # not a filesystem

@@ -73,7 +73,11 @@ def test_summary_cards_show_the_api_counts(page: Element, served: Served) -> Non
         cards["not yet protected"] == f"{counts['committed'] + counts['verified']}not yet protected"
     )
     assert cards["damaged"] == "0damaged"  # beta 5 keeps an intact copy on durable
-    assert cards["tier fast"] == "local-fast (fast)tier fast"
+    tier = find_all(by_id(page, "cards"), "div", data_card="tier fast")[0]
+    assert tier.text.startswith("local-fast (fast)tier fast")
+    (health,) = find_all(tier, "div", data_tier_health="ok")
+    assert health.text.endswith("free of " + health.text.split(" free of ")[1])
+    assert " free of " in health.text and health.text.endswith("; ok")
 
 
 def test_runs_table(page: Element) -> None:

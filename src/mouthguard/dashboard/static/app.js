@@ -62,6 +62,15 @@ function card(label, value, tone) {
     el("div", { class: "value" }, value), el("div", { class: "label" }, label));
 }
 
+function tierCard(t) {
+  // Name, domain, whether it answers, and (local tiers) free space.
+  const c = card("tier " + t.name, t.domain + (t.fast ? " (fast)" : ""), t.health === "ok" ? "" : "bad");
+  const free = t.free_bytes === null || t.free_bytes === undefined
+    ? "" : bytes(t.free_bytes) + " free of " + bytes(t.total_bytes) + "; ";
+  c.append(el("div", { class: "label", "data-tier-health": t.health }, free + t.health));
+  return c;
+}
+
 function renderSummary(s) {
   document.getElementById("source").textContent = s.source;
   document.getElementById("freshness").textContent =
@@ -77,7 +86,7 @@ function renderSummary(s) {
     card("damaged", s.by_state.damaged, s.by_state.damaged ? "bad" : ""),
     card("in trash", s.by_state.trashed),
     card("pending copy deletions", pending),
-    ...s.tiers.map((t) => card("tier " + t.name, t.domain + (t.fast ? " (fast)" : ""))),
+    ...s.tiers.map((t) => tierCard(t)),
   );
   const runs = document.querySelector("#runs tbody");
   runs.replaceChildren(...s.runs.map((r) => el("tr", { "data-run": r.run },
