@@ -84,7 +84,8 @@ class Params:
 
 
 LEVELS: dict[str, Params] = {
-    "ci": Params(states=600, seed=20261125),  # 120 per variant
+    # 120 per variant, raised to the variant's crash points: each gets a state.
+    "ci": Params(states=600, seed=20261125),
     "soak": Params(states=None, seed=7),
 }
 
@@ -319,6 +320,7 @@ class Tally:
 
     states: Counter[str] = field(default_factory=Counter)
     crash_points: Counter[str] = field(default_factory=Counter)
+    points_covered: Counter[str] = field(default_factory=Counter)
     candidates: Counter[str] = field(default_factory=Counter)
     survived: int = 0
     corrupt: set[tuple[str, int]] = field(default_factory=set)
@@ -336,20 +338,27 @@ def explore(variant: str, base: Path, budget: int | None, rng: random.Random, ta
     VARIANTS[variant](store_dir, log_path)
     log = Log.resolve(read_log(log_path), root_ino)
     tally.acknowledged += sum(1 for m in log.marks_before(len(log.ops)) if m["ev"] == "acked")
-    every = [s for k in range(len(log.ops) + 1) for s in candidates(log, k)]
-    tally.crash_points[variant] = len(log.ops) + 1
+    points = [list(candidates(log, k)) for k in range(len(log.ops) + 1)]
+    every = [s for states in points for s in states]
+    tally.crash_points[variant] = len(points)
     tally.candidates[variant] = len(every)
     if budget is not None:
-        rng.shuffle(every)
+        every = _covering_order(points, rng)
+        # Every crash point gets a state, whatever the budget: a point left out is
+        # a point whose crash nobody checked.
+        budget = max(budget, len(points))
     seen: set[str] = set()
+    covered: set[int] = set()
     for state in every:
         if budget is not None and len(seen) >= budget:
             break
         image = replay(log, state)
         digest = image.digest()
         if digest in seen:
+            covered.add(state.k)  # the same on-disk state as one checked: covered
             continue
         seen.add(digest)
+        covered.add(state.k)
         directory = base / "state"
         image.write_to(directory)
         try:
@@ -367,6 +376,27 @@ def explore(variant: str, base: Path, budget: int | None, rng: random.Random, ta
             tally.messages.append(
                 f"{variant} k={state.k} ({state.how}): " + "; ".join(verdict.failures[:3])
             )
+    tally.points_covered[variant] = len(covered)
+
+
+def _covering_order(points: list[list[CrashState]], rng: random.Random) -> list[CrashState]:
+    """Every crash point's states, shuffled, one state of each point first.
+
+    A plain shuffle of all the states leaves some crash points without a state
+    when the budget is smaller than the population; here the first
+    ``len(points)`` states cover each point once (in a shuffled order), then
+    the rest follow shuffled.
+    """
+    firsts: list[CrashState] = []
+    rest: list[CrashState] = []
+    for states in points:
+        shuffled = list(states)
+        rng.shuffle(shuffled)
+        firsts.extend(shuffled[:1])
+        rest.extend(shuffled[1:])
+    rng.shuffle(firsts)
+    rng.shuffle(rest)
+    return firsts + rest
 
 
 def run(
@@ -419,6 +449,7 @@ def run(
             "level": level,
             "seed": seed,
             "crash_points": dict(tally.crash_points),
+            "crash_points_covered": dict(tally.points_covered),
             "candidate_states": dict(tally.candidates),
             "failures": tally.messages,
         },

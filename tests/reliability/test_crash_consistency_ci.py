@@ -20,6 +20,9 @@ def test_powerloss_and_rankdeath_ci_levels_pass_with_their_case_counts(tmp_path:
     assert powerloss["ok"], powerloss["details"]["failures"]
     assert powerloss["cases"] >= 500
     assert len(powerloss["cases_by_kind"]) == 5  # sync, async, replication, retention, multirank
+    # every crash point of every variant got at least one state, even at ci level
+    details = powerloss["details"]
+    assert details["crash_points_covered"] == details["crash_points"]
     assert rankdeath["ok"], rankdeath["details"]["failures"]
     assert rankdeath["cases"] >= 20
     # the survivors said what happened, in mouthguard's words
