@@ -59,7 +59,8 @@ class Checkpointer:
       fast tier; a crash at any moment leaves either the complete checkpoint or
       nothing that ``list``/``load`` accept.
     * ``load`` checks every byte against the manifest's checksums while reading,
-      and with ``step=None`` falls back to the next older valid checkpoint (with a
+      and with ``step=None`` (or ``at_or_before=N``) falls back to the next older
+      valid checkpoint, past damaged and suspect ones (with a
       :class:`CheckpointFallbackWarning` naming what was wrong).
     * Nothing is pickled: tensors go to safetensors rank files, everything else to
       typed JSON in the manifest.

@@ -1,7 +1,9 @@
 """Finding and loading the newest valid checkpoint: copies in tier order, fallback, agreement.
 
-For each candidate step (newest first when no step is asked for) every copy is
-tried, fast tier first; a copy that fails verification is reported as damaged
+For each candidate step (newest first when no step is asked for, or only those
+at or before ``at_or_before``) every copy is tried, fast tier first; a candidate
+deleted while the walk is under way is passed over (not damage: nothing is
+reported); a copy that fails verification is reported as damaged
 (so the background service confirms and repairs it) and the next copy or the
 next older step is tried, with a :class:`CheckpointFallbackWarning` naming what
 was wrong.
