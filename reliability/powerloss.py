@@ -30,8 +30,10 @@ Variants: ``sync`` (routine, milestone and critical saves with ``save``),
 ``async`` (``save_async``), ``replication`` (a replication pass after each
 save, so copies to the second tier are cut too), ``retention`` (enough routine
 saves for retention to trash and, trash delay 0, purge on the next pass, with
-``collect_garbage`` between passes), and ``multirank`` (two real gloo ranks
-saving one sharded checkpoint, recorded into one log).
+``collect_garbage`` between passes), ``multirank`` (two real gloo ranks
+saving one sharded checkpoint, recorded into one log), and ``dcp`` (three saves
+through ``torch.distributed.checkpoint`` and mouthguard's DCP ``Writer``,
+loaded back through its ``Reader``: :mod:`reliability.powerloss_dcp`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from mouthguard.format.typed_json import JsonValue
 from mouthguard.jobs.replicator import Replicator
 from mouthguard.jobs.retention import apply_retention
 from mouthguard.policy.config import PolicyConfig
+from reliability import powerloss_dcp
 from reliability.crash_worker import importance_for, same_state, state_for
 from reliability.crashstates import CrashState, Log, candidates, replay
 from reliability.fsrecord import Recorder, read_log
@@ -184,6 +187,7 @@ VARIANTS: dict[str, Callable[[Path, Path], None]] = {
     "replication": lambda d, lg: record_variant("replication", d, lg),
     "retention": lambda d, lg: record_variant("retention", d, lg),
     "multirank": record_multirank,
+    "dcp": lambda d, lg: powerloss_dcp.record_dcp(RUN, ELEMENTS, d, lg),
 }
 
 
@@ -220,8 +224,11 @@ class RankView(RankGroup):
         return [value] * self.world_size
 
 
-def _checkpointers(store: Store, world: int) -> list[mouthguard.Checkpointer]:
-    views = []
+def _checkpointers(store: Store, world: int, *, dcp: bool = False) -> list[Any]:
+    """One view per rank: a ``Checkpointer`` (its ranks faked), or the DCP view."""
+    if dcp:
+        return [powerloss_dcp.DcpView(store, RUN, ELEMENTS)]
+    views: list[Any] = []
     for rank in range(world):
         ckpt = mouthguard.Checkpointer(store, run=RUN, background=False)
         if world > 1:
@@ -230,7 +237,9 @@ def _checkpointers(store: Store, world: int) -> list[mouthguard.Checkpointer]:
     return views
 
 
-def _exact(loaded: Any, step: int, rank: int = 0, world: int = 1) -> bool:
+def _exact(loaded: Any, step: int, rank: int = 0, world: int = 1, *, dcp: bool = False) -> bool:
+    if dcp:
+        return same_state(loaded.state, powerloss_dcp.dcp_expected(step, ELEMENTS))
     return same_state(loaded.state, rank_expected(step, rank, world))
 
 
@@ -240,6 +249,7 @@ def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
     acked: set[int] = set()
     may_delete: set[int] = set()
     world = 1
+    dcp = False
     for mark in log.marks_before(state.k):
         if mark["ev"] == "acked":
             acked.add(mark["step"])
@@ -247,16 +257,18 @@ def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
             may_delete |= set(mark["steps"])
         elif mark["ev"] == "world":
             world = mark["size"]
+        elif mark["ev"] == powerloss_dcp.MARK:
+            dcp = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             store = mouthguard.open_store(directory)
-            views = _checkpointers(store, world)
+            views = _checkpointers(store, world, dcp=dcp)
             listed = views[0].steps()
         except MouthguardError as exc:
             v.failures.append(f"(a) store unopenable: {exc}")
             return v
-        _check_copies(store, world, v)
+        _check_copies(store, world, v, dcp=dcp)
         v.deleted_by_retention = (acked & may_delete) - set(listed)
         for step in sorted(acked - may_delete - set(listed)):
             v.lost.add(step)
@@ -264,7 +276,8 @@ def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
         for rank, ckpt in enumerate(views if listed else []):
             try:
                 newest = ckpt.load()
-                if newest.step != listed[-1] or not _exact(newest, newest.step, rank, world):
+                exact = _exact(newest, newest.step, rank, world, dcp=dcp)
+                if newest.step != listed[-1] or not exact:
                     v.failures.append(f"(d) load() gave step {newest.step}, newest {listed[-1]}")
             except MouthguardError as exc:
                 v.failures.append(f"(d) load() on rank {rank} failed: {exc}")
@@ -272,28 +285,28 @@ def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
             verdict = verify_and_record(ref)
             if verdict.damaged:
                 v.failures.append(f"(e) verify: {ref.tier.name} step {ref.step}: {verdict.reason}")
-        _check_housekeeping(store, views, acked - may_delete, v)
+        _check_housekeeping(store, views, acked - may_delete, v, dcp=dcp)
     v.failures.extend(f"warning: {w.message}" for w in caught)
     return v
 
 
-def _check_copies(store: Store, world: int, v: Verdict) -> None:
+def _check_copies(store: Store, world: int, v: Verdict, *, dcp: bool = False) -> None:
     for tier in store.tiers:
         alone = Store([tier], source=f"{store.source}:{tier.name}")
-        for rank, ckpt in enumerate(_checkpointers(alone, world)):
+        for rank, ckpt in enumerate(_checkpointers(alone, world, dcp=dcp)):
             for step in ckpt.steps():
                 try:
                     loaded = ckpt.load(step)
                 except MouthguardError as exc:
                     v.failures.append(f"(b) committed step {step} on {tier.name} rejected: {exc}")
                     continue
-                if not _exact(loaded, step, rank, world):
+                if not _exact(loaded, step, rank, world, dcp=dcp):
                     v.corrupt.add(step)
                     v.failures.append(f"(b) step {step} rank {rank} on {tier.name}: wrong bytes")
 
 
 def _check_housekeeping(
-    store: Store, views: list[mouthguard.Checkpointer], acked: set[int], v: Verdict
+    store: Store, views: list[Any], acked: set[int], v: Verdict, *, dcp: bool = False
 ) -> None:
     views[0].collect_garbage(grace_seconds=0)
     apply_retention(store, POLICY, runs=[RUN])
@@ -303,7 +316,7 @@ def _check_housekeeping(
     for step in sorted(needed):
         for rank, ckpt in enumerate(views):
             try:
-                if not _exact(ckpt.load(step), step, rank, len(views)):
+                if not _exact(ckpt.load(step), step, rank, len(views), dcp=dcp):
                     v.corrupt.add(step)
                     v.failures.append(f"(f) step {step} wrong after gc and retention")
             except MouthguardError as exc:
@@ -427,10 +440,11 @@ def run(
         what=(
             "power loss after every recorded file-system operation of real saves (sync, "
             "async, replication to a second tier, retention trashing and purging with gc, "
-            "two gloo ranks), replayed under a stated model: unsynced data lost or torn by "
-            "page, names not followed by a directory fsync lost, nothing reordered across "
-            "an fsync; one case is one distinct on-disk state, opened, loaded per copy, "
-            "verified, then gc and retention run on it"
+            "two gloo ranks, torch.distributed.checkpoint), replayed under a stated "
+            "model: unsynced data lost or torn by page, names not followed by a "
+            "directory fsync lost, nothing reordered across an fsync; one case is one "
+            "distinct on-disk state, opened, loaded per copy, verified, then gc and "
+            "retention run on it"
         ),
         cases=cases,
         survived=tally.survived,
