@@ -33,7 +33,10 @@ saves for retention to trash and, trash delay 0, purge on the next pass, with
 ``collect_garbage`` between passes), ``multirank`` (two real gloo ranks
 saving one sharded checkpoint, recorded into one log), and ``dcp`` (three saves
 through ``torch.distributed.checkpoint`` and mouthguard's DCP ``Writer``,
-loaded back through its ``Reader``: :mod:`reliability.powerloss_dcp`).
+loaded back through its ``Reader``: :mod:`reliability.powerloss_dcp`), and
+``pack`` (``data pack`` committing a dataset of several shards, judged by its
+own rule -- nothing committed, or every sample byte-exact, and there once
+acknowledged: :mod:`reliability.powerloss_pack`).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from mouthguard.format.typed_json import JsonValue
 from mouthguard.jobs.replicator import Replicator
 from mouthguard.jobs.retention import apply_retention
 from mouthguard.policy.config import PolicyConfig
-from reliability import powerloss_dcp
+from reliability import powerloss_dcp, powerloss_pack
 from reliability.crash_worker import importance_for, same_state, state_for
 from reliability.crashstates import CrashState, Log, candidates, replay
 from reliability.fsrecord import Recorder, read_log
@@ -88,7 +91,7 @@ class Params:
 
 LEVELS: dict[str, Params] = {
     # 120 per variant, raised to the variant's crash points: each gets a state.
-    "ci": Params(states=600, seed=20261125),
+    "ci": Params(states=120 * 7, seed=20261125),
     "soak": Params(states=None, seed=7),
 }
 
@@ -188,6 +191,7 @@ VARIANTS: dict[str, Callable[[Path, Path], None]] = {
     "retention": lambda d, lg: record_variant("retention", d, lg),
     "multirank": record_multirank,
     "dcp": lambda d, lg: powerloss_dcp.record_dcp(RUN, ELEMENTS, d, lg),
+    "pack": powerloss_pack.record_pack,
 }
 
 
@@ -246,10 +250,19 @@ def _exact(loaded: Any, step: int, rank: int = 0, world: int = 1, *, dcp: bool =
 def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
     """Invariants (a)-(f) of the module docstring for the state written in ``directory``."""
     v = Verdict()
+    # The variant is the recording's, whatever the crash point: look at the whole log.
+    kinds = {m["ev"] for m in log.marks_before(len(log.ops))}
+    if powerloss_pack.MARK in kinds:
+        v.failures = powerloss_pack.check_pack_state(directory, log, state)
+        if any(f.startswith("(c)") for f in v.failures):
+            v.lost.add(0)
+        if any(f.startswith("(b)") for f in v.failures):
+            v.corrupt.add(0)
+        return v
     acked: set[int] = set()
     may_delete: set[int] = set()
     world = 1
-    dcp = False
+    dcp = powerloss_dcp.MARK in kinds
     for mark in log.marks_before(state.k):
         if mark["ev"] == "acked":
             acked.add(mark["step"])
@@ -257,8 +270,6 @@ def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
             may_delete |= set(mark["steps"])
         elif mark["ev"] == "world":
             world = mark["size"]
-        elif mark["ev"] == powerloss_dcp.MARK:
-            dcp = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -440,7 +451,8 @@ def run(
         what=(
             "power loss after every recorded file-system operation of real saves (sync, "
             "async, replication to a second tier, retention trashing and purging with gc, "
-            "two gloo ranks, torch.distributed.checkpoint), replayed under a stated "
+            "two gloo ranks, torch.distributed.checkpoint, data pack), replayed under a "
+            "stated "
             "model: unsynced data lost or torn by page, names not followed by a "
             "directory fsync lost, nothing reordered across an fsync; one case is one "
             "distinct on-disk state, opened, loaded per copy, verified, then gc and "

@@ -19,8 +19,8 @@ def test_powerloss_and_rankdeath_ci_levels_pass_with_their_case_counts(tmp_path:
     rankdeath = json.loads((tmp_path / "rankdeath.json").read_text())
     assert powerloss["ok"], powerloss["details"]["failures"]
     assert powerloss["cases"] >= 500
-    # sync, async, replication, retention, multirank, dcp
-    assert len(powerloss["cases_by_kind"]) == 6
+    # sync, async, replication, retention, multirank, dcp, pack
+    assert len(powerloss["cases_by_kind"]) == 7
     # every crash point of every variant got at least one state, even at ci level
     details = powerloss["details"]
     assert details["crash_points_covered"] == details["crash_points"]
