@@ -124,8 +124,9 @@ def _result(
             "save, save_async, load, replication, retention and gc on a two-tier store "
             "whose tiers inject I/O errors, ENOSPC, torn and short writes acknowledged "
             "by the storage, failed fsyncs, bit flips on read and delays (seeded); "
-            "invariants judged through the unwrapped tiers after every round; one case "
-            "is one injected fault"
+            "invariants judged through the unwrapped tiers after every round (no "
+            "acknowledged save lost, no wrong bytes accepted, no intact copy set aside, "
+            "no receipt on bytes that fail verification); one case is one injected fault"
         ),
         cases=report.cases,
         cases_by_kind=faults_by_kind(report.injected, FaultPlan.parse(report.plan)),
@@ -159,6 +160,12 @@ def _result(
             "acknowledged_lost_to_storage": report.lost_to_storage,
             "listed_but_unloadable": report.listed_damaged,
             "crashes": report.crashes,
+            # Damage rules, judged through the unwrapped tiers: copies set aside
+            # that verify intact, receipts on bytes that do not verify.
+            "set_aside_judged": report.set_aside,
+            "false_damage": report.false_damage,
+            "receipts_judged": report.receipts_checked,
+            "false_receipt": report.false_receipt,
             "failures": failures[:30],
         },
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import safetensors.torch
@@ -22,7 +24,15 @@ _MAX_CHECKED_ELEMENTS = 1 << 16
 
 def independent_tensors(data: bytes) -> dict[str, torch.Tensor]:
     """The tensors of a rank file as the safetensors library reads them."""
-    return dict(safetensors.torch.load(data))
+    try:
+        return dict(safetensors.torch.load(data))
+    except KeyError:
+        # safetensors 0.8's in-memory reader lacks some codes its file reader has
+        # (F8_E8M0): read those through a file.
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / "rank.safetensors"
+            path.write_bytes(data)
+            return dict(safetensors.torch.load_file(str(path)))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

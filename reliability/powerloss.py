@@ -30,8 +30,13 @@ Variants: ``sync`` (routine, milestone and critical saves with ``save``),
 ``async`` (``save_async``), ``replication`` (a replication pass after each
 save, so copies to the second tier are cut too), ``retention`` (enough routine
 saves for retention to trash and, trash delay 0, purge on the next pass, with
-``collect_garbage`` between passes), and ``multirank`` (two real gloo ranks
-saving one sharded checkpoint, recorded into one log).
+``collect_garbage`` between passes), ``multirank`` (two real gloo ranks
+saving one sharded checkpoint, recorded into one log), and ``dcp`` (three saves
+through ``torch.distributed.checkpoint`` and mouthguard's DCP ``Writer``,
+loaded back through its ``Reader``: :mod:`reliability.powerloss_dcp`), and
+``pack`` (``data pack`` committing a dataset of several shards, judged by its
+own rule -- nothing committed, or every sample byte-exact, and there once
+acknowledged: :mod:`reliability.powerloss_pack`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from mouthguard.format.typed_json import JsonValue
 from mouthguard.jobs.replicator import Replicator
 from mouthguard.jobs.retention import apply_retention
 from mouthguard.policy.config import PolicyConfig
+from reliability import powerloss_dcp, powerloss_pack
 from reliability.crash_worker import importance_for, same_state, state_for
 from reliability.crashstates import CrashState, Log, candidates, replay
 from reliability.fsrecord import Recorder, read_log
@@ -84,7 +90,8 @@ class Params:
 
 
 LEVELS: dict[str, Params] = {
-    "ci": Params(states=600, seed=20261125),  # 120 per variant
+    # 120 per variant, raised to the variant's crash points: each gets a state.
+    "ci": Params(states=120 * 7, seed=20261125),
     "soak": Params(states=None, seed=7),
 }
 
@@ -183,6 +190,8 @@ VARIANTS: dict[str, Callable[[Path, Path], None]] = {
     "replication": lambda d, lg: record_variant("replication", d, lg),
     "retention": lambda d, lg: record_variant("retention", d, lg),
     "multirank": record_multirank,
+    "dcp": lambda d, lg: powerloss_dcp.record_dcp(RUN, ELEMENTS, d, lg),
+    "pack": powerloss_pack.record_pack,
 }
 
 
@@ -219,8 +228,11 @@ class RankView(RankGroup):
         return [value] * self.world_size
 
 
-def _checkpointers(store: Store, world: int) -> list[mouthguard.Checkpointer]:
-    views = []
+def _checkpointers(store: Store, world: int, *, dcp: bool = False) -> list[Any]:
+    """One view per rank: a ``Checkpointer`` (its ranks faked), or the DCP view."""
+    if dcp:
+        return [powerloss_dcp.DcpView(store, RUN, ELEMENTS)]
+    views: list[Any] = []
     for rank in range(world):
         ckpt = mouthguard.Checkpointer(store, run=RUN, background=False)
         if world > 1:
@@ -229,16 +241,28 @@ def _checkpointers(store: Store, world: int) -> list[mouthguard.Checkpointer]:
     return views
 
 
-def _exact(loaded: Any, step: int, rank: int = 0, world: int = 1) -> bool:
+def _exact(loaded: Any, step: int, rank: int = 0, world: int = 1, *, dcp: bool = False) -> bool:
+    if dcp:
+        return same_state(loaded.state, powerloss_dcp.dcp_expected(step, ELEMENTS))
     return same_state(loaded.state, rank_expected(step, rank, world))
 
 
 def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
     """Invariants (a)-(f) of the module docstring for the state written in ``directory``."""
     v = Verdict()
+    # The variant is the recording's, whatever the crash point: look at the whole log.
+    kinds = {m["ev"] for m in log.marks_before(len(log.ops))}
+    if powerloss_pack.MARK in kinds:
+        v.failures = powerloss_pack.check_pack_state(directory, log, state)
+        if any(f.startswith("(c)") for f in v.failures):
+            v.lost.add(0)
+        if any(f.startswith("(b)") for f in v.failures):
+            v.corrupt.add(0)
+        return v
     acked: set[int] = set()
     may_delete: set[int] = set()
     world = 1
+    dcp = powerloss_dcp.MARK in kinds
     for mark in log.marks_before(state.k):
         if mark["ev"] == "acked":
             acked.add(mark["step"])
@@ -250,12 +274,12 @@ def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
         warnings.simplefilter("always")
         try:
             store = mouthguard.open_store(directory)
-            views = _checkpointers(store, world)
+            views = _checkpointers(store, world, dcp=dcp)
             listed = views[0].steps()
         except MouthguardError as exc:
             v.failures.append(f"(a) store unopenable: {exc}")
             return v
-        _check_copies(store, world, v)
+        _check_copies(store, world, v, dcp=dcp)
         v.deleted_by_retention = (acked & may_delete) - set(listed)
         for step in sorted(acked - may_delete - set(listed)):
             v.lost.add(step)
@@ -263,7 +287,8 @@ def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
         for rank, ckpt in enumerate(views if listed else []):
             try:
                 newest = ckpt.load()
-                if newest.step != listed[-1] or not _exact(newest, newest.step, rank, world):
+                exact = _exact(newest, newest.step, rank, world, dcp=dcp)
+                if newest.step != listed[-1] or not exact:
                     v.failures.append(f"(d) load() gave step {newest.step}, newest {listed[-1]}")
             except MouthguardError as exc:
                 v.failures.append(f"(d) load() on rank {rank} failed: {exc}")
@@ -271,28 +296,28 @@ def check_state(directory: Path, log: Log, state: CrashState) -> Verdict:
             verdict = verify_and_record(ref)
             if verdict.damaged:
                 v.failures.append(f"(e) verify: {ref.tier.name} step {ref.step}: {verdict.reason}")
-        _check_housekeeping(store, views, acked - may_delete, v)
+        _check_housekeeping(store, views, acked - may_delete, v, dcp=dcp)
     v.failures.extend(f"warning: {w.message}" for w in caught)
     return v
 
 
-def _check_copies(store: Store, world: int, v: Verdict) -> None:
+def _check_copies(store: Store, world: int, v: Verdict, *, dcp: bool = False) -> None:
     for tier in store.tiers:
         alone = Store([tier], source=f"{store.source}:{tier.name}")
-        for rank, ckpt in enumerate(_checkpointers(alone, world)):
+        for rank, ckpt in enumerate(_checkpointers(alone, world, dcp=dcp)):
             for step in ckpt.steps():
                 try:
                     loaded = ckpt.load(step)
                 except MouthguardError as exc:
                     v.failures.append(f"(b) committed step {step} on {tier.name} rejected: {exc}")
                     continue
-                if not _exact(loaded, step, rank, world):
+                if not _exact(loaded, step, rank, world, dcp=dcp):
                     v.corrupt.add(step)
                     v.failures.append(f"(b) step {step} rank {rank} on {tier.name}: wrong bytes")
 
 
 def _check_housekeeping(
-    store: Store, views: list[mouthguard.Checkpointer], acked: set[int], v: Verdict
+    store: Store, views: list[Any], acked: set[int], v: Verdict, *, dcp: bool = False
 ) -> None:
     views[0].collect_garbage(grace_seconds=0)
     apply_retention(store, POLICY, runs=[RUN])
@@ -302,7 +327,7 @@ def _check_housekeeping(
     for step in sorted(needed):
         for rank, ckpt in enumerate(views):
             try:
-                if not _exact(ckpt.load(step), step, rank, len(views)):
+                if not _exact(ckpt.load(step), step, rank, len(views), dcp=dcp):
                     v.corrupt.add(step)
                     v.failures.append(f"(f) step {step} wrong after gc and retention")
             except MouthguardError as exc:
@@ -319,6 +344,7 @@ class Tally:
 
     states: Counter[str] = field(default_factory=Counter)
     crash_points: Counter[str] = field(default_factory=Counter)
+    points_covered: Counter[str] = field(default_factory=Counter)
     candidates: Counter[str] = field(default_factory=Counter)
     survived: int = 0
     corrupt: set[tuple[str, int]] = field(default_factory=set)
@@ -336,20 +362,27 @@ def explore(variant: str, base: Path, budget: int | None, rng: random.Random, ta
     VARIANTS[variant](store_dir, log_path)
     log = Log.resolve(read_log(log_path), root_ino)
     tally.acknowledged += sum(1 for m in log.marks_before(len(log.ops)) if m["ev"] == "acked")
-    every = [s for k in range(len(log.ops) + 1) for s in candidates(log, k)]
-    tally.crash_points[variant] = len(log.ops) + 1
+    points = [list(candidates(log, k)) for k in range(len(log.ops) + 1)]
+    every = [s for states in points for s in states]
+    tally.crash_points[variant] = len(points)
     tally.candidates[variant] = len(every)
     if budget is not None:
-        rng.shuffle(every)
+        every = _covering_order(points, rng)
+        # Every crash point gets a state, whatever the budget: a point left out is
+        # a point whose crash nobody checked.
+        budget = max(budget, len(points))
     seen: set[str] = set()
+    covered: set[int] = set()
     for state in every:
         if budget is not None and len(seen) >= budget:
             break
         image = replay(log, state)
         digest = image.digest()
         if digest in seen:
+            covered.add(state.k)  # the same on-disk state as one checked: covered
             continue
         seen.add(digest)
+        covered.add(state.k)
         directory = base / "state"
         image.write_to(directory)
         try:
@@ -367,6 +400,27 @@ def explore(variant: str, base: Path, budget: int | None, rng: random.Random, ta
             tally.messages.append(
                 f"{variant} k={state.k} ({state.how}): " + "; ".join(verdict.failures[:3])
             )
+    tally.points_covered[variant] = len(covered)
+
+
+def _covering_order(points: list[list[CrashState]], rng: random.Random) -> list[CrashState]:
+    """Every crash point's states, shuffled, one state of each point first.
+
+    A plain shuffle of all the states leaves some crash points without a state
+    when the budget is smaller than the population; here the first
+    ``len(points)`` states cover each point once (in a shuffled order), then
+    the rest follow shuffled.
+    """
+    firsts: list[CrashState] = []
+    rest: list[CrashState] = []
+    for states in points:
+        shuffled = list(states)
+        rng.shuffle(shuffled)
+        firsts.extend(shuffled[:1])
+        rest.extend(shuffled[1:])
+    rng.shuffle(firsts)
+    rng.shuffle(rest)
+    return firsts + rest
 
 
 def run(
@@ -397,10 +451,12 @@ def run(
         what=(
             "power loss after every recorded file-system operation of real saves (sync, "
             "async, replication to a second tier, retention trashing and purging with gc, "
-            "two gloo ranks), replayed under a stated model: unsynced data lost or torn by "
-            "page, names not followed by a directory fsync lost, nothing reordered across "
-            "an fsync; one case is one distinct on-disk state, opened, loaded per copy, "
-            "verified, then gc and retention run on it"
+            "two gloo ranks, torch.distributed.checkpoint, data pack), replayed under a "
+            "stated "
+            "model: unsynced data lost or torn by page, names not followed by a "
+            "directory fsync lost, nothing reordered across an fsync; one case is one "
+            "distinct on-disk state, opened, loaded per copy, verified, then gc and "
+            "retention run on it"
         ),
         cases=cases,
         survived=tally.survived,
@@ -419,6 +475,7 @@ def run(
             "level": level,
             "seed": seed,
             "crash_points": dict(tally.crash_points),
+            "crash_points_covered": dict(tally.points_covered),
             "candidate_states": dict(tally.candidates),
             "failures": tally.messages,
         },

@@ -8,7 +8,10 @@ SIGKILLs itself at a seeded point of that save: before one of the save's
 collectives (the staging decision, the gathering of the ranks' records, the
 commit's outcome), before or halfway through writing its rank file, just before
 or just after the coordinator publishes the checkpoint, or at a random moment.
-The next case's ranks are the restart.
+Every :data:`STOP_EVERY`-th case the victim instead SIGSTOPs itself before one
+of the collectives: alive, its connections open, silent -- the failure that
+only the collective timeout can end (a SIGKILL closes the sockets, so gloo
+fails at once). The next case's ranks are the restart.
 
 Invariants checked for every case (a case survives when all hold):
 
@@ -49,7 +52,7 @@ import mouthguard
 from mouthguard.errors import MouthguardError
 from reliability.crash_worker import same_state
 from reliability.powerloss import RankView
-from reliability.rankdeath_worker import RUN, Plan, random_plan, rank_main, shard
+from reliability.rankdeath_worker import RUN, Plan, random_plan, rank_main, shard, stop_plan
 from reliability.record import HarnessResult, Level
 
 WORLD = 4
@@ -58,6 +61,9 @@ TIMEOUT = 10.0
 #: Seconds a case may take to start its ranks (fork, gloo rendezvous) on a loaded box.
 STARTUP = 60.0
 CLEAR_ERRORS = ("RankLostError", "RankFailedError")
+#: Every STOP_EVERY-th case the victim stops (SIGSTOP) instead of dying: alive, silent,
+#: its sockets open, so only the collective timeout can end the survivors' wait.
+STOP_EVERY = 10
 #: The save's collectives, in order (see :mod:`mouthguard.checkpoint.committer`).
 _COLLECTIVES = {
     1: "before the staging decision",
@@ -99,7 +105,11 @@ class Case:
 
 
 def run_case(ctx: Any, store_dir: Path, victim: int, plan: Plan, timeout: float) -> Case:
-    """Start the four ranks, let the victim die as planned, collect how every rank ended."""
+    """Start the four ranks, let the victim die as planned, collect how every rank ended.
+
+    A stopped victim (``stop`` plan) never closes its pipe: it is SIGKILLed once
+    every other rank has ended, as an operator would clear a hung process.
+    """
     tcp = dist.TCPStore(  # type: ignore[attr-defined]  # exported, not re-exported for mypy
         "127.0.0.1",
         0,
@@ -132,6 +142,8 @@ def run_case(ctx: Any, store_dir: Path, victim: int, plan: Plan, timeout: float)
                 case.events[readers[conn]].append(conn.recv())
             except (EOFError, OSError):
                 open_readers.remove(conn)
+        if plan[0] == "stop" and [readers[c] for c in open_readers] == [victim]:
+            procs[victim].kill()  # the survivors have given up on it: clear it
     for rank, proc in enumerate(procs):
         proc.join(timeout=max(0.0, deadline - time.monotonic()) + 1)
         if proc.is_alive():
@@ -241,13 +253,15 @@ def run(
         store_dir = Path(tmp) / "store"
         mouthguard.open_store(store_dir)
         for n in range(deaths):
-            plan = random_plan(rng, collectives)
+            stop = n % STOP_EVERY == STOP_EVERY - 1
+            plan = stop_plan(rng, collectives) if stop else random_plan(rng, collectives)
             victim = 0 if plan[0].endswith("publish") else rng.randrange(WORLD)
             case = run_case(ctx, store_dir, victim, plan, TIMEOUT)
             failures = judge(case, victim, store_dir, ledger, TIMEOUT)
             kind = _LABELS.get(plan[0], plan[0])
-            if plan[0] == "collective":
+            if plan[0] in ("collective", "stop"):
                 kind = _COLLECTIVES.get(int(plan[1]), f"before collective {int(plan[1])}")
+                kind = f"stopped (SIGSTOP), {kind}" if plan[0] == "stop" else kind
             if plan[0] == "timer":
                 after = any(
                     e[1] in {s[1] for s in case.of(victim, "saving")}
@@ -267,7 +281,9 @@ def run(
         what=(
             "4 gloo ranks saving a sharded checkpoint; one SIGKILLed at a seeded point of "
             "the save (before a collective, before or halfway through its rank file, around "
-            "the coordinator's publish, or at a random moment); survivors must raise a "
+            "the coordinator's publish, or at a random moment), or, every "
+            f"{STOP_EVERY}th case, SIGSTOPped before a collective (alive and silent: only "
+            "the timeout ends the wait); survivors must raise a "
             f"clear error within the collective timeout ({TIMEOUT:g} s here), no partial "
             "checkpoint may be listed, all ranks restart from the newest committed one, "
             "gc removes the debris"

@@ -7,8 +7,10 @@ checkpoint (reporting whether its part is byte-exact), saves step ``n`` and
 then step ``n + 1``. The *victim* rank arms its plan before the second save and
 SIGKILLs itself at the planned point: inside a checkpoint collective, before or
 in the middle of writing its rank file, around the coordinator's publish, or at
-a random moment. Every event goes to the parent as one small message on a pipe
-(atomic: a kill never leaves half a message).
+a random moment -- or, for a ``stop`` plan, SIGSTOPs itself before one of the
+collectives and stays alive and silent until the harness kills it. Every event
+goes to the parent as one small message on a pipe (atomic: a kill never leaves
+half a message).
 
 Events: ``("ready",)``, ``("resumed", step | None, exact)``, ``("acked", step)``,
 ``("saving", step, collectives_in_a_clean_save)``, ``("raised", step, error class,
@@ -56,18 +58,25 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _stop() -> None:
+    """Stop this process (SIGSTOP): alive, its sockets open, silent -- only a timeout ends
+    the peers' wait. The harness SIGKILLs it once they have all given up."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 class _Counter:
-    """Counts this process's checkpoint collectives; can die before the n-th."""
+    """Counts this process's checkpoint collectives; can die (or stop) before the n-th."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.die_at = 0  # 0: never
+        self.end = _die
         real = TorchRanks._all_gather
 
         def counted(ranks: TorchRanks, value: Any) -> Any:
             self.calls += 1
             if self.calls == self.die_at:
-                _die()
+                self.end()
             return real(ranks, value)
 
         TorchRanks._all_gather = counted  # type: ignore[method-assign,assignment]
@@ -77,6 +86,8 @@ def _arm(kind: str, param: float, counter: _Counter, save_seconds: float) -> Non
     """Make this process SIGKILL itself at the planned point of the next save."""
     if kind == "collective":
         counter.die_at = counter.calls + int(param)
+    elif kind == "stop":
+        counter.die_at, counter.end = counter.calls + int(param), _stop
     elif kind == "before_file":
         real_put = LocalTier.put
 
@@ -163,6 +174,11 @@ def rank_main(
         out.close()
         # A broken process group can hang its own teardown: leave without it.
         os._exit(0)
+
+
+def stop_plan(rng: random.Random, collectives: int) -> Plan:
+    """A stop point: the victim SIGSTOPs itself before one of the save's collectives."""
+    return ("stop", float(rng.randint(1, max(1, collectives))))
 
 
 def random_plan(rng: random.Random, collectives: int) -> Plan:

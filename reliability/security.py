@@ -19,7 +19,12 @@ most of them, since the attacker recomputes them):
 * ``strip-sha256``: every sha256 and the signature removed, re-sealed;
 * ``swap-rank-files``: step 1's rank file put in place of step 2's;
 * ``moved-checkpoint``: step 1 copied whole to step 3, then step 3 loaded;
-* ``unsigned-plant``: a consistent, unsigned checkpoint written as step 2.
+* ``unsigned-plant``: a consistent, unsigned checkpoint written as step 2;
+* ``xxh3-collision``: what a crafted xxh3-128 collision amounts to -- a byte of
+  the rank file changed while the *validly signed* manifest's xxh3 matches the
+  new bytes and its sha256 is still the old bytes' (the test re-signs with the
+  victim's key, standing in for the collision no one can compute here): only
+  the sha256 comparison catches it.
 
 Kinds against an :class:`~mouthguard.tiers.encrypted.EncryptedTier` (no
 manifest key: encryption alone must catch them):
@@ -180,6 +185,19 @@ def strip_sha256(tier: Tier, rng: random.Random) -> int:
     return 2
 
 
+def xxh3_collision(tier: Tier, rng: random.Random) -> int:
+    data = flip(tier, key(2, RANK), rng)
+
+    def edit(body: dict[str, JsonValue]) -> None:
+        files = body["files"]
+        assert isinstance(files, list)
+        assert isinstance(files[0], dict)
+        files[0]["checksum"] = "xxh3-128:" + xxhash.xxh3_128_hexdigest(data)  # sha256 kept
+
+    reseal(tier, 2, edit, sign=SIGNING)
+    return 2
+
+
 def swap_rank_files(tier: Tier, rng: random.Random) -> int:
     del rng
     tier.put(key(2, RANK), tier.get(key(1, RANK)))
@@ -268,6 +286,7 @@ SIGNED: dict[str, Attack] = {
     "swap-rank-files": swap_rank_files,
     "moved-checkpoint": moved_checkpoint,
     "unsigned-plant": unsigned_plant,
+    "xxh3-collision": xxh3_collision,
 }
 ENCRYPTED: dict[str, Attack] = {
     "enc-flip": enc_flip,
@@ -359,10 +378,12 @@ def run(level: Level = "ci", *, seed: int = 0) -> HarnessResult:
             "tamper attempts by someone who can write the storage but holds no key: "
             "byte flips with re-sealed manifests (signature dropped, replayed or forged "
             "with another key), manifest edits, stripped sha256, rank files swapped "
-            "between checkpoints, moved and planted unsigned checkpoints against a "
-            "signed store; flipped, reordered, transplanted and truncated chunks and "
-            "swapped objects on an AES-GCM encrypted tier; survived = refused and the "
-            "resume fell back to the intact older checkpoint"
+            "between checkpoints, moved and planted unsigned checkpoints, and a "
+            "validly signed manifest whose xxh3 matches replaced bytes (a crafted "
+            "collision) while its sha256 does not, against a signed store; flipped, "
+            "reordered, transplanted and truncated chunks and swapped objects on an "
+            "AES-GCM encrypted tier; survived = refused and the resume fell back to "
+            "the intact older checkpoint"
         ),
         cases=cases,
         survived=survived,

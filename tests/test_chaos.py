@@ -21,7 +21,7 @@ from mouthguard.chaos import (
     run_chaos,
     same_state,
 )
-from mouthguard.checkpoint import reader
+from mouthguard.checkpoint import quarantine, reader
 from mouthguard.errors import CheckpointFallbackWarning
 from mouthguard.jobs.replicator import Replicator
 from mouthguard.policy.config import PolicyConfig
@@ -101,6 +101,31 @@ def test_the_judge_catches_accepted_corruption(
     assert report.accepted_corrupt > 0
     assert not report.ok and report.survived < report.cases
     assert any("wrong bytes" in f for f in report.failures)
+
+
+def test_the_judge_catches_an_intact_copy_set_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the confirming second read, a bit flip on read moves an intact copy."""
+    monkeypatch.setattr(quarantine, "confirm_damage", lambda *args, **kwargs: True)
+    store = mouthguard.open_store(tmp_path / "store")
+    plan = FaultPlan(flip=0.3, keys="rank-")
+    report = run_chaos(store, rounds=8, plan=plan, seed=2, run="c")
+    assert report.false_damage > 0 and not report.ok
+    assert any("set aside but verifies intact" in f for f in report.failures)
+
+
+def test_the_judge_catches_a_receipt_on_bad_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With checksum verification switched off, torn copies get receipts: the judge,
+    hashing on its own, says so."""
+    monkeypatch.setattr(reader, "_verify_digest", lambda hasher, record: None)
+    store = mouthguard.open_store(tmp_path / "store")
+    plan = FaultPlan(torn=0.5, keys="rank-")
+    report = run_chaos(store, rounds=6, plan=plan, seed=2, run="c")
+    assert report.false_receipt > 0 and not report.ok
+    assert any("has a receipt but fails verification" in f for f in report.failures)
 
 
 def test_a_crash_is_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -253,3 +253,6 @@ def test_tamper_harness_detects_every_attempt() -> None:
     assert result.accepted_corrupt == 0
     # The attacks are real: a reader without the manifest key accepts some of them.
     assert result.details["kinds"]["flip-reseal"]["accepted_without_key"] > 0
+    # A crafted xxh3 collision under a valid signature: sha256 is the only defence.
+    collision = result.details["kinds"]["xxh3-collision"]
+    assert collision["cases"] == collision["detected"] > 0

@@ -21,7 +21,15 @@ Then, through the *unwrapped* tiers, the invariants are checked:
                        it *while it was being saved* (then no copy was ever
                        intact: counted apart as ``lost_to_storage``);
 ``writes_outside``     no write outside ``<run>/`` was attempted;
-``crashes``            no operation raised anything but a ``MouthguardError``.
+``crashes``            no operation raised anything but a ``MouthguardError``;
+``false_damage``       every copy set aside (``<step>.rejected-<id>/``) fails
+                       verification through the unwrapped tier: an intact copy
+                       is never moved, whatever the faulty tiers made a reader
+                       see (a bit flip on read, an I/O error, a timeout) -- so
+                       a round in which only transient faults hit a copy moves
+                       none;
+``false_receipt``      every copy with a receipt (``sidecar.verified.json``)
+                       verifies through the unwrapped tier now.
 
 A round *survives* when none of these happened in it; the injected faults of
 surviving rounds are the ``survived`` count. One function,
@@ -36,6 +44,7 @@ store, not a job the store runs, so nothing in the core imports it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import random
 import time
@@ -45,11 +54,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import xxhash
+
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo
+from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
+from mouthguard.format.manifest import MANIFEST_NAME, parse_manifest
 from mouthguard.jobs.replicator import Replicator
 from mouthguard.jobs.retention import apply_retention
 from mouthguard.policy.config import PolicyConfig
@@ -139,7 +152,9 @@ class ChaosReport:
     """What a chaos run injected and whether every invariant held.
 
     The never-events are ``accepted_corrupt``, ``lost_acknowledged``,
-    ``writes_outside`` and ``crashes``; :attr:`ok` is True when all are zero.
+    ``writes_outside``, ``crashes``, ``false_damage`` and ``false_receipt``;
+    :attr:`ok` is True when all are zero. ``set_aside`` and ``receipts_checked``
+    count what the last two judged.
     """
 
     run: str
@@ -164,6 +179,10 @@ class ChaosReport:
     lost_acknowledged: int = 0
     writes_outside: int = 0
     crashes: int = 0
+    false_damage: int = 0
+    false_receipt: int = 0
+    set_aside: int = 0
+    receipts_checked: int = 0
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -175,7 +194,14 @@ class ChaosReport:
     @property
     def never_events(self) -> int:
         """Invariant violations of every kind."""
-        return self.accepted_corrupt + self.lost_acknowledged + self.writes_outside + self.crashes
+        return (
+            self.accepted_corrupt
+            + self.lost_acknowledged
+            + self.writes_outside
+            + self.crashes
+            + self.false_damage
+            + self.false_receipt
+        )
 
     @property
     def ok(self) -> bool:
@@ -202,6 +228,8 @@ class _Ledger:
     corrupt_seen: set[tuple[str, int]] = field(default_factory=set)
     failed_visible: set[int] = field(default_factory=set)
     unloadable: set[int] = field(default_factory=set)
+    set_aside_seen: set[tuple[str, str]] = field(default_factory=set)
+    receipts_judged: set[tuple[str, int, str]] = field(default_factory=set)
 
 
 class _Chaos:
@@ -347,10 +375,47 @@ class _Chaos:
                     "lost_acknowledged",
                     f"acknowledged {level.value} step {step} no longer loads ({where})",
                 )
+        self._check_set_aside()
+        self._check_receipts()
         outside = sum(len(t.outside) for t in self.faulty)
         if outside > self.report.writes_outside:
             self._violation("writes_outside", f"{outside} writes outside {self.run}/ refused")
             self.report.writes_outside = outside
+
+    def _check_set_aside(self) -> None:
+        """Every copy set aside since the last round fails verification (unwrapped tier)."""
+        for tier in self.clean_store.tiers:
+            for name in tier.list_dirs(f"{self.run}/"):
+                if ".rejected-" not in name or (tier.name, name) in self.ledger.set_aside_seen:
+                    continue
+                self.ledger.set_aside_seen.add((tier.name, name))
+                self.report.set_aside += 1
+                if _intact(tier, f"{self.run}/{name.rstrip('/')}/"):
+                    self._violation(
+                        "false_damage",
+                        f"{name} on tier {tier.name} was set aside but verifies intact",
+                    )
+
+    def _check_receipts(self) -> None:
+        """Every receipt vouches for bytes that verify now (unwrapped tier)."""
+        for step in self.judge.steps():
+            for tier in self.clean_store.tiers:
+                ref = CopyRef(tier, self.run, step)
+                if not tier.exists(catalog.manifest_key(self.run, step)):
+                    continue
+                side = read_sidecars(ref)
+                if side.verified_at is None:
+                    continue
+                judged = (tier.name, step, side.verified_at.isoformat())
+                if judged in self.ledger.receipts_judged:
+                    continue  # the same receipt on the same (immutable) bytes
+                self.ledger.receipts_judged.add(judged)
+                self.report.receipts_checked += 1
+                if not _intact(tier, ref.prefix):
+                    self._violation(
+                        "false_receipt",
+                        f"step {step} on tier {tier.name} has a receipt but fails verification",
+                    )
 
     def _whereabouts(self, step: int) -> str:
         """Where a lost step's bytes went, for the failure message."""
@@ -386,6 +451,28 @@ class _Chaos:
     def close(self) -> None:
         self.ckpt.close()
         self.judge.close()
+
+
+def _intact(tier: Tier, prefix: str) -> bool:
+    """Whether the copy under ``prefix`` matches its own manifest, byte for byte.
+
+    Hashed here with ``xxhash`` and ``hashlib`` directly, not through the reader
+    the store itself verifies with: a judge that shared the code under test
+    would share its bugs.
+    """
+    try:
+        manifest = parse_manifest(tier.get(prefix + MANIFEST_NAME))
+        for record in manifest.files:
+            data = tier.get(prefix + record.name)
+            if len(data) != record.size:
+                return False
+            if record.checksum != "xxh3-128:" + xxhash.xxh3_128_hexdigest(data):
+                return False
+            if record.sha256 and record.sha256 != "sha256:" + hashlib.sha256(data).hexdigest():
+                return False
+    except MouthguardError:
+        return False
+    return True
 
 
 def run_chaos(

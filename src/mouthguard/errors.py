@@ -198,9 +198,31 @@ class ShardDamagedError(FormatError):
 class DatasetChangedError(DatasetError):
     """A saved data-loader position belongs to another dataset version.
 
-    The message names both fingerprints; ``load_state_dict(..., force=True)``
-    resumes anyway.
+    The message names both fingerprints and the call that resumes anyway: the
+    loader's ``load_state_dict(..., force=True)``, or
+    ``TrainingState.load_state_dict(..., force_data=True)`` when it came through
+    a :class:`~mouthguard.TrainingState` (which re-raises it with its own keyword).
+
+    Attributes:
+        saved: the fingerprint of the dataset the position was saved in.
+        current: the fingerprint of the dataset now.
     """
+
+    def __init__(self, message: str, *, saved: str = "", current: str = "") -> None:
+        super().__init__(message)
+        self.saved = saved
+        self.current = current
+
+    @classmethod
+    def refusing(cls, saved: str, current: str, *, resume_with: str) -> DatasetChangedError:
+        """The error for ``saved`` != ``current``, naming ``resume_with`` as the way past it."""
+        return cls(
+            f"the saved data position is in dataset {saved}, but the dataset "
+            f"now is {current}: refusing to resume on other data "
+            f"({resume_with} resumes anyway, at the same epoch and count)",
+            saved=saved,
+            current=current,
+        )
 
 
 class DataStateError(DatasetError):
@@ -221,6 +243,15 @@ def is_data_damage(exc: BaseException) -> bool:
 
 class CheckpointFallbackWarning(UserWarning):
     """Emitted when ``load()`` skips a damaged copy or checkpoint and falls back."""
+
+
+class UnsignedRestoreWarning(UserWarning):
+    """Files restored from an unsigned store are ones a framework will unpickle.
+
+    Checksums prove the bytes are the ones written, not who wrote them: anyone
+    who could write the store could have planted them. A manifest key
+    (``$MOUTHGUARD_MANIFEST_KEY``) makes only validly signed checkpoints load.
+    """
 
 
 class SuspectStateWarning(UserWarning):

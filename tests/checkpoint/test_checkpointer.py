@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import mouthguard
+from mouthguard.checkpoint import loading
 from mouthguard.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -327,3 +330,99 @@ def test_load_creates_tensors_on_the_device_asked_for(ckpt: mouthguard.Checkpoin
     assert loaded["w"].device.type == "cpu" and torch.equal(loaded["w"], torch.arange(10.0))
     with pytest.raises(ValueError, match="'no-such-device' is not a device"):
         ckpt.load(1, device="no-such-device")
+
+
+# --- load(at_or_before=...): the resume a trainer asks for ------------------------
+
+
+def test_at_or_before_loads_that_step_and_never_a_newer_one(
+    ckpt: mouthguard.Checkpointer,
+) -> None:
+    for step in (1, 2, 3):
+        ckpt.save(step, {"w": torch.full((4,), float(step))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the step asked for loads: nothing to warn of
+        assert ckpt.load(at_or_before=2).step == 2
+    with pytest.raises(ValueError, match="not both"):
+        ckpt.load(2, at_or_before=2)
+    with pytest.raises(CheckpointNotFoundError, match="at or before step 0"):
+        ckpt.load(at_or_before=0)
+
+
+def test_at_or_before_falls_back_past_a_damaged_step_and_says_so(
+    ckpt: mouthguard.Checkpointer, store: mouthguard.Store
+) -> None:
+    for step in (1, 2, 3):
+        ckpt.save(step, {"w": torch.full((4,), float(step))})
+    flip_byte(step_path(store, "r", 2) / "rank-00000.safetensors", -1)
+    with pytest.warns(mouthguard.CheckpointFallbackWarning) as warned:
+        loaded = ckpt.load(at_or_before=2)
+    assert loaded.step == 1
+    assert any("falling back to step 1" in str(w.message) for w in warned)
+    flip_byte(step_path(store, "r", 1) / "rank-00000.safetensors", -1)
+    with (
+        pytest.warns(mouthguard.CheckpointFallbackWarning),
+        pytest.raises(NoValidCheckpointError, match="at or before step 2"),
+    ):
+        ckpt.load(at_or_before=2)
+
+
+def test_a_candidate_deleted_after_the_listing_is_passed_over(
+    ckpt: mouthguard.Checkpointer, store: mouthguard.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention (or another trainer's top-k) removes a step while the load walks back."""
+    for step in (1, 2, 3):
+        ckpt.save(step, {"w": torch.full((4,), float(step))})
+    listed = ckpt.steps()
+    shutil.rmtree(step_path(store, "r", 3))
+    shutil.rmtree(step_path(store, "r", 2))
+    monkeypatch.setattr(ckpt, "steps", lambda: listed)
+    with pytest.warns(mouthguard.CheckpointFallbackWarning, match="step 3 cannot be loaded"):
+        loaded = ckpt.load(at_or_before=3)
+    assert loaded.step == 1
+
+
+def test_a_candidate_deleted_while_it_is_read_is_not_reported_as_damage(
+    ckpt: mouthguard.Checkpointer, store: mouthguard.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for step in (1, 2):
+        ckpt.save(step, {"w": torch.full((4,), float(step))})
+    real = loading.load_copy
+
+    def vanishing(tier: Any, prefix: str, manifest: Any, **kw: Any) -> object:
+        if manifest.step == 2:
+            shutil.rmtree(step_path(store, "r", 2))  # gone between the manifest and the data
+        return real(tier, prefix, manifest, **kw)
+
+    monkeypatch.setattr(loading, "load_copy", vanishing)
+    with pytest.warns(mouthguard.CheckpointFallbackWarning, match="falling back to step 1"):
+        loaded = ckpt.load(at_or_before=2)
+    assert loaded.step == 1
+    assert loaded.rejected == []  # not damage: nothing to repair
+    # No damage report written into the deleted step's place (it would recreate it).
+    assert not step_path(store, "r", 2).exists()
+
+
+FLOAT8_DTYPES = [
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+]
+
+
+@pytest.mark.parametrize("name", FLOAT8_DTYPES)
+def test_every_float8_dtype_safetensors_carries_round_trips(
+    ckpt: mouthguard.Checkpointer, store: mouthguard.Store, name: str
+) -> None:
+    """Every byte pattern (NaN encodings included) comes back, and safetensors reads it."""
+    dtype = getattr(torch, name)
+    raw = torch.arange(256, dtype=torch.int64).to(torch.uint8).reshape(16, 16)
+    ckpt.save(1, {"w": raw.view(dtype), "other": torch.ones(2)})
+    loaded = ckpt.load(1).state
+    assert isinstance(loaded, dict) and loaded["w"].dtype == dtype
+    assert torch.equal(loaded["w"].view(torch.uint8), raw)
+    theirs = load_file(step_path(store, "r", 1) / "rank-00000.safetensors")
+    (key,) = [k for k in theirs if theirs[k].dtype == dtype]
+    assert torch.equal(theirs[key].view(torch.uint8), raw)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import mouthguard
+from mouthguard.checkpoint.semantic import CheckInput
 from mouthguard.errors import (
     RankFailedError,
     StateMismatchError,
@@ -205,3 +206,39 @@ def test_a_nan_on_one_rank_makes_every_rank_fall_back_together(tmp_path: Path) -
         assert result["guard_warned"], rank
         assert result["saved_as"] == "transient"
         assert result["then"] == 1  # the suspect 2 and 3 are skipped by a plain resume
+
+
+def _check_raising_on_rank_1(rank: int, world_size: int, root: str) -> dict[str, str]:
+    store = mouthguard.Store([LocalTier(Path(root) / "fast")])
+    # A short timeout: were the exception hidden, rank 0 would wait this long in the
+    # collective and then report RankLostError (which this test must not see).
+    ckpt = mouthguard.Checkpointer(store, run="job", background=False, collective_timeout=20)
+    ckpt.save(1, _rank_state(rank, 1))
+
+    def buggy(subject: CheckInput) -> str | None:
+        if rank == 1:
+            raise ValueError("the check has a bug")
+        return None
+
+    outcome: dict[str, str] = {}
+    for what, call in (
+        ("load", lambda: ckpt.load(check=buggy)),
+        ("save", lambda: ckpt.save(2, _rank_state(rank, 2), check=buggy)),
+    ):
+        try:
+            call()
+            outcome[what] = "no error"
+        except (ValueError, RankFailedError) as exc:
+            outcome[what] = f"{type(exc).__name__}: {exc}"
+    outcome["steps"] = ",".join(map(str, ckpt.steps()))
+    return outcome
+
+
+def test_a_check_that_raises_on_one_rank_is_reported_on_every_rank(tmp_path: Path) -> None:
+    """Not a RankLostError after the timeout: the real exception, named on every rank."""
+    results = run_distributed(_check_raising_on_rank_1, 2, str(tmp_path))
+    for what in ("load", "save"):
+        assert results[1][what] == "ValueError: the check has a bug", results[1]
+        assert results[0][what].startswith("RankFailedError"), results[0]
+        assert "rank 1: ValueError: the check has a bug" in results[0][what]
+    assert results[0]["steps"] == results[1]["steps"] == "1"  # the guarded save committed nothing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from pathlib import Path
@@ -170,3 +171,43 @@ def test_replication_carries_the_verdict_to_every_copy(tmp_path: Path) -> None:
     assert ckpt.info(1).checked  # type: ignore[union-attr]
     with pytest.warns(mouthguard.CheckpointFallbackWarning, match="suspect"):
         assert ckpt.load().step == 1
+
+
+def test_a_resume_at_or_before_a_suspect_step_takes_the_one_before(tmp_path: Path) -> None:
+    """The integrations' resume (a named step) honours the suspect mark like ``load()``."""
+    ckpt = _ckpt(tmp_path)
+    ckpt.save(1, _state(1.0))
+    with pytest.warns(mouthguard.SuspectStateWarning):
+        ckpt.save(2, _state(float("nan")), check=checks.finite())
+    ckpt.save(3, _state(3.0))
+    with pytest.warns(mouthguard.CheckpointFallbackWarning) as warned:
+        loaded = ckpt.load(at_or_before=2)
+    assert loaded.step == 1
+    assert any(
+        "falling back to step 1" in str(w.message) and "suspect" in str(w.message) for w in warned
+    )
+
+
+def test_every_report_calls_it_suspect_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gc, verify (table and JSON), ls, show: one word and its reason, not "failed verification"."""
+    ckpt = _ckpt(tmp_path)
+    for step in (1, 2):
+        ckpt.save(step, _state(1.0))
+    with pytest.warns(mouthguard.SuspectStateWarning):
+        ckpt.save(3, _state(float("nan")), importance="milestone", check=checks.finite())
+    store = str(tmp_path / "store")
+    reports = []
+    for argv in (["gc"], ["verify"], ["ls"], ["show", RUN, "3"]):
+        capsys.readouterr()
+        assert main(["--store", store, *argv]) == 0, argv
+        reports.append(" ".join(capsys.readouterr().out.split()))
+    for argv, text in zip(("gc", "verify", "ls", "show"), reports, strict=True):
+        assert "suspect" in text and "16 NaN" in text, argv
+        assert "failed verification" not in text, argv
+    capsys.readouterr()
+    assert main(["--store", store, "verify", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    suspect = {line["step"]: line["suspect"] for line in lines}
+    assert suspect[1] is None and suspect[2] is None and "16 NaN" in suspect[3]

@@ -14,6 +14,8 @@ import xxhash
 import mouthguard
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.reader import read_manifest
+from mouthguard.checkpoint.sidecars import CopyRef
+from mouthguard.checkpoint.verification import verify_and_record
 from mouthguard.errors import (
     CheckpointFallbackWarning,
     ConfigError,
@@ -23,7 +25,7 @@ from mouthguard.errors import (
 )
 from mouthguard.format.manifest import Manifest, parse_manifest
 from mouthguard.format.sealed import SIGNATURE_KEY, seal, signed_part, unseal
-from mouthguard.format.signing import ENV_KEY, keys_from_env, manifest_keys
+from mouthguard.format.signing import ENV_KEY, SignFunction, keys_from_env, manifest_keys
 from mouthguard.jobs.replicator import Replicator
 from mouthguard.tiers.base import PutMode, Tier
 from mouthguard.tiers.key_material import Keyring, key_fingerprint, parse_keyring
@@ -140,6 +142,33 @@ def test_tampered_rank_file_with_resealed_manifest_caught_only_with_the_key(
     assert_same(loaded.state, state_of(1))
     # A signature failure is rejected, never reported as data damage to repair.
     assert not tier.exists(catalog.checkpoint_prefix(RUN, 2) + "sidecar.damage.json")
+
+
+def test_a_crafted_xxh3_collision_under_a_valid_signature_is_caught_by_sha256() -> None:
+    """Bytes replaced; the manifest, signed with the real key, has xxh3 of the new bytes
+    (what a crafted xxh3 collision gives an attacker) and sha256 of the old ones."""
+    tier = MemoryTier()
+    writer = checkpointer(tier, KEY)
+    writer.save(1, state_of(1))
+    writer.save(2, state_of(2))
+    raw = bytearray(tier.get(file_key(2)))
+    raw[-1] ^= 0x01
+    tier.put(file_key(2), bytes(raw))
+    body = unseal(tier.get(manifest_key(2)), "manifest")
+    del body[SIGNATURE_KEY]
+    files = body["files"]
+    assert isinstance(files, list) and isinstance(files[0], dict)
+    files[0]["checksum"] = "xxh3-128:" + xxhash.xxh3_128_hexdigest(bytes(raw))
+    tier.put(manifest_key(2), seal(body, SignFunction(Keyring.single(KEY))), mode=PutMode.OVERWRITE)
+    assert read_manifest(tier, RUN, 2, Keyring.single(KEY)).step == 2  # the signature holds
+
+    with pytest.warns(CheckpointFallbackWarning, match="sha256 mismatch"):
+        with pytest.raises(CorruptCheckpointError, match="sha256 mismatch"):
+            checkpointer(tier, KEY).load(2)
+    with pytest.warns(CheckpointFallbackWarning, match="sha256 mismatch"):
+        assert checkpointer(tier, KEY).load().step == 1
+    verdict = verify_and_record(CopyRef(tier, RUN, 2))
+    assert verdict.damaged and "sha256 mismatch" in verdict.reason
 
 
 def test_tampered_rank_file_without_reseal_is_caught_by_everyone() -> None:

@@ -249,27 +249,50 @@ def test_agent_stops_on_sigint_after_the_pass_in_flight(
     two_tier: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The signal lands mid-pass (sent from the worker): the checkpoint in flight finishes,
-    the rest of the pass and every later pass are skipped, and the exit is clean."""
+    the rest of the pass and every later pass are skipped, and the exit is clean.
+
+    The SIGINT can never reach pytest: around the agent, the test's own handler
+    takes SIGINT (so a signal outside the agent's window is recorded, not a
+    KeyboardInterrupt of the whole run), and once the agent has returned no
+    worker can send another one.
+    """
     original, original_signal = Replicator.replicate, agent._Stop.signal
     calls: list[tuple[str, int]] = []
-    handled = threading.Event()  # only the handler touches it: no lock held by main
+    handled = threading.Event()  # only the handlers touch it: no lock held by main
+    stray: list[int] = []  # SIGINTs that reached the test's guard instead of the agent
+    sending = threading.Lock()
+    armed = [True]
 
     def signal_seen(self: agent._Stop) -> None:
         original_signal(self)
         handled.set()
 
+    def guard(signum: int, _frame: object) -> None:
+        stray.append(signum)
+        handled.set()
+
     def replicate_then_interrupt(self: Replicator, run: str, step: int, report: object) -> object:
         calls.append((run, step))
         done = original(self, run, step, report)
-        os.kill(os.getpid(), signal.SIGINT)
+        with sending:
+            if not armed[0]:
+                return done  # the agent has returned: nobody of ours is listening
+            os.kill(os.getpid(), signal.SIGINT)
         # The handler runs in the main thread; wait for it so the test is not a race.
         assert handled.wait(10)
         return done
 
     monkeypatch.setattr(agent._Stop, "signal", signal_seen)
     monkeypatch.setattr(Replicator, "replicate", replicate_then_interrupt)
-    # An interval of an hour: returning at all shows the stop cut the wait short.
-    assert main(["--store", str(two_tier), "agent", "--interval", "3600"]) == 0
+    previous = signal.signal(signal.SIGINT, guard)
+    try:
+        # An interval of an hour: returning at all shows the stop cut the wait short.
+        assert main(["--store", str(two_tier), "agent", "--interval", "3600"]) == 0
+    finally:
+        with sending:
+            armed[0] = False
+        signal.signal(signal.SIGINT, previous)
+    assert stray == []  # the one SIGINT reached the agent's handler
     assert len(calls) == 1
     out = capsys.readouterr().out
     assert "2 not reached" in out and "(stop requested)" in out

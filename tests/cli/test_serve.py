@@ -88,6 +88,18 @@ def test_a_port_in_use_is_a_usage_error(
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("port", ["99999", "65536", "-1"])
+def test_a_port_out_of_range_is_a_usage_error(
+    store_path: Path, capsys: pytest.CaptureFixture[str], port: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--store", str(store_path), "serve", "--port", port])
+    assert exited.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"argument --port: must be an integer >= 0 and <= 65535: '{port}'" in err
+    assert "Traceback" not in err
+
+
 def test_no_store_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--store", str(tmp_path / "none"), "serve"]) == EXIT_USAGE
     assert "no store" in capsys.readouterr().err

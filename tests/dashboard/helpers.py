@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import mouthguard
-from mouthguard.checkpoint.sidecars import CopyRef
+from mouthguard.checkpoint.sidecars import CopyRef, mark_suspect
 from mouthguard.checkpoint.verification import verify_and_record
 from mouthguard.dashboard import DashboardThread, SnapshotCache, Sources, create_app
 from mouthguard.dashboard.cache import utc_now
@@ -34,7 +34,7 @@ def ops_store(root: Path) -> mouthguard.Store:
 
     alpha: 10 routine and 20 milestone replicated and verified (protected), 20 held
     ("release-candidate"), 30 routine on the fast tier only (committed), with the
-    reference values loss nan (a diverged run) and tokens 4096. beta: steps 1-5
+    reference values loss nan (a diverged run) and tokens 4096, marked suspect. beta: steps 1-5
     routine, replicated; 1 and 2 fall out of keep-last 3 (trash pending); 5's fast
     copy is damaged (a damage report).
     """
@@ -48,6 +48,7 @@ def ops_store(root: Path) -> mouthguard.Store:
     Replicator(store).run_once()
     alpha.hold(20, "release-candidate", reason="rc1")
     alpha.save(30, {"w": torch.zeros(16)}, reference={"loss": float("nan"), "tokens": 4096})
+    mark_suspect(CopyRef(store.fast, "alpha", 30), "the loss is NaN", utc_now())
     rank = step_path(store, "beta", 5) / "rank-00000.safetensors"
     raw = bytearray(rank.read_bytes())
     raw[-1] ^= 0xFF

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import socket
+import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
+from typing_extensions import override
 
 import mouthguard
+from mouthguard.checkpoint import ranks
 from mouthguard.dashboard import Sources
+from mouthguard.errors import TierError
+from mouthguard.tiers.local import LocalTier
+from mouthguard.tiers.memory import MemoryTier
+from mouthguard.tiers.wrapper import WrappedTier
 from tests.dashboard.helpers import TOKEN, Served, ops_store, serving
 
 LATER = dt.datetime(2100, 1, 1, tzinfo=dt.UTC)
@@ -22,6 +31,9 @@ def test_summary(served: Served) -> None:
     assert body["checkpoints"] == 8 and body["mutations"] is False
     assert body["by_state"]["protected"] >= 2 and body["by_state"]["committed"] >= 1
     assert [t["name"] for t in body["tiers"]] == ["fast", "durable"]
+    for tier in body["tiers"]:  # local tiers: they answer, and their disk has room
+        assert tier["health"] == "ok"
+        assert 0 < tier["free_bytes"] <= tier["total_bytes"]
     assert {r["run"] for r in body["runs"]} == {"alpha", "beta"}
     assert body["pending"]["trash"] >= 2
 
@@ -78,6 +90,8 @@ def test_timeline(served: Served) -> None:
     assert all(s["seconds"] >= s["stall_seconds"] > 0 for s in alpha["saves"])
     assert served.json("/api/timeline?run=alpha&limit=2")["saves"][0]["step"] == 20
     assert served.json("/api/timeline?run=nobody") == {"run": "nobody", "total": 0, "saves": []}
+    # No run named: the one with the most saves (beta, 5), not that of the newest (alpha 30).
+    assert served.json("/api/timeline")["run"] == "beta"
 
 
 def test_pending(served: Served) -> None:
@@ -90,6 +104,16 @@ def test_pending(served: Served) -> None:
     assert {("beta", 1), ("beta", 2)} <= trashed
     reasons = [c for c in body["checkpoints"] if (c["run"], c["step"]) == ("beta", 1)]
     assert reasons and "older than the last 3 valid routine" in " ".join(reasons[0]["reasons"])
+    suspect = [c for c in body["checkpoints"] if (c["run"], c["step"]) == ("alpha", 30)]
+    assert suspect and suspect[0]["reasons"][0].startswith("suspect: the loss is NaN")
+
+
+def test_a_suspect_row_names_the_word_and_its_reason(served: Served) -> None:
+    row = served.json("/api/checkpoints/alpha/30")
+    assert row["suspect"] == "the loss is NaN"
+    assert "suspect: the loss is NaN (a resume skips it)" in row["protection_missing"]
+    assert row["retention"]["reasons"][0].startswith("suspect: the loss is NaN")
+    assert served.json("/api/checkpoints/alpha/10")["suspect"] is None
 
 
 def test_another_host_name_is_refused(served: Served) -> None:
@@ -223,6 +247,25 @@ def test_mutations_with_the_token(tmp_path: Path) -> None:
     assert info is not None and info.holds == () and info.importance.value == "critical"
 
 
+def test_a_mutation_in_a_distributed_process_reaches_no_collective(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Embedded in rank 0 of a job, a request thread must never join a checkpoint collective."""
+    import torch.distributed as dist  # noqa: PLC0415 - the test pretends a job is running
+
+    store = _small(tmp_path)
+
+    def no_collective(*_args: object, **_kw: object) -> None:
+        raise AssertionError("a dashboard request built a process group")
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda _group=None: 2)
+    monkeypatch.setattr(ranks, "TorchRanks", no_collective)
+    with serving(store, token=TOKEN) as served:
+        status, body = _post(served, "/api/checkpoints/r/1/hold", {"name": "audit"}, TOKEN)
+    assert status == 200 and body["holds"] == ["audit"]
+
+
 def _small(tmp_path: Path) -> mouthguard.Store:
     store = mouthguard.open_store(tmp_path / "small")
     mouthguard.Checkpointer(store, "r", background=False).save(1, {"w": torch.ones(4)})
@@ -252,3 +295,81 @@ def test_datasets_and_kv_caches(tmp_path: Path) -> None:
         assert bad["location"] == missing and bad["error"]
         (kv,) = served.json("/api/kvcache")
         assert kv == {"cache": "llama", "tier": "memory", **stats["memory"]}
+
+
+def _raw_post(served: Served, path: str, headers: dict[str, str], body: bytes) -> bytes:
+    """Send a POST's headers and only ``body`` (maybe less than announced); the reply.
+
+    The connection stays open after ``body``: a server that waited for the rest
+    would never answer (the socket timeout then fails the test).
+    """
+    address = urllib.parse.urlsplit(served.url)
+    with socket.create_connection((address.hostname, address.port), timeout=30) as conn:
+        head = [f"POST {path} HTTP/1.1", f"Host: {address.hostname}"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        conn.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        return reply
+
+
+def _status(reply: bytes) -> int:
+    """The status code of a raw HTTP reply (``HTTP/1.1 413 Request Entity Too Large``)."""
+    return int(reply.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_a_huge_body_is_never_read(tmp_path: Path, token: str | None) -> None:
+    """Announced as 1 GiB, only 1 KiB sent: refused at once, before the token check
+    (401) or by its announced length (413), without waiting for the rest."""
+    with serving(_small(tmp_path), token=TOKEN) as served:
+        headers = {"Content-Type": "application/json", "Content-Length": str(1 << 30)}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        reply = _raw_post(served, "/api/checkpoints/r/1/hold", headers, b"{" + b" " * 1023)
+    assert _status(reply) == (401 if token is None else 413), reply[:200]
+
+
+def test_a_chunked_body_is_cut_off_past_the_cap(tmp_path: Path) -> None:
+    """No length announced: reading stops past 4 KiB, while the client is still sending."""
+    with serving(_small(tmp_path), token=TOKEN) as served:
+        headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {TOKEN}",
+            "Transfer-Encoding": "chunked",
+        }
+        chunk = b" " * 5000
+        body = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"  # never terminated
+        reply = _raw_post(served, "/api/checkpoints/r/1/hold", headers, body)
+    assert _status(reply) == 413, reply[:200]
+    assert _holds(served.store, "r", 1) == ()
+
+
+class _DeadTier(WrappedTier):
+    """A tier whose every operation fails, as an object store that is down."""
+
+    @override
+    def exists(self, key: str) -> bool:
+        raise TierError("connection refused")
+
+    @override
+    def list(self, prefix: str = "") -> Iterator[str]:
+        raise TierError("connection refused")
+
+    @override
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        raise TierError("connection refused")
+
+
+def test_a_tier_that_does_not_answer_is_shown_unreachable(tmp_path: Path) -> None:
+    fast = LocalTier(tmp_path / "fast", "fast", "node-a")
+    dead = _DeadTier(MemoryTier("objects", "region-b"))
+    with serving(mouthguard.Store([fast, dead])) as served:
+        tiers = {t["name"]: t for t in served.json("/api/summary")["tiers"]}
+    assert tiers["fast"]["health"] == "ok"
+    assert tiers["objects"]["health"] == "unreachable: connection refused"
+    assert tiers["objects"]["free_bytes"] is None  # not a filesystem

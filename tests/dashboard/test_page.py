@@ -48,7 +48,12 @@ def test_checkpoint_rows(page: Element) -> None:
     assert copies[0].attrs["class"] == "copy verified"
     assert "verified" in copies[0].attrs["title"]
     fresh = _cells(by_step["30"])
-    assert fresh[3] == "committed" and fresh[4] == "fast"
+    assert fresh[3].startswith("committed") and fresh[4] == "fast"
+    # A suspect checkpoint says so, with its reason, in the table itself.
+    states = [s.text for s in find_all(by_step["30"], "span") if "state" in s.attrs["class"]]
+    assert states == ["committed", "suspect"]
+    (reason,) = find_all(by_step["30"], "div", **{"class": "reason"})
+    assert reason.text == "the loss is NaN"
     assert fresh[6].endswith("ms") and fresh[8].endswith("/s")  # stall, throughput
     damaged = find_all(by_id(page, "checkpoints"), "tr", data_run="beta", data_step="5")
     (fast,) = find_all(damaged[0], "span", data_tier="fast")
@@ -68,7 +73,11 @@ def test_summary_cards_show_the_api_counts(page: Element, served: Served) -> Non
         cards["not yet protected"] == f"{counts['committed'] + counts['verified']}not yet protected"
     )
     assert cards["damaged"] == "0damaged"  # beta 5 keeps an intact copy on durable
-    assert cards["tier fast"] == "local-fast (fast)tier fast"
+    tier = find_all(by_id(page, "cards"), "div", data_card="tier fast")[0]
+    assert tier.text.startswith("local-fast (fast)tier fast")
+    (health,) = find_all(tier, "div", data_tier_health="ok")
+    assert health.text.endswith("free of " + health.text.split(" free of ")[1])
+    assert " free of " in health.text and health.text.endswith("; ok")
 
 
 def test_runs_table(page: Element) -> None:
@@ -80,16 +89,23 @@ def test_runs_table(page: Element) -> None:
 def test_pending_decisions_with_reasons(page: Element) -> None:
     trash = find_all(by_id(page, "pending"), "tr", data_action="trash")
     shown = {(c[0], c[1]) for c in map(_cells, trash)}
-    assert {("beta", "1"), ("beta", "2")} <= shown
-    assert all("older than the last 3" in _cells(r)[4] for r in trash)
+    assert {("beta", "1"), ("beta", "2"), ("alpha", "30")} <= shown
+    reasons = {(c[0], c[1]): c[4] for c in map(_cells, trash)}
+    assert all("older than the last 3" in reasons[("beta", s)] for s in ("1", "2"))
+    assert "suspect: the loss is NaN" in reasons[("alpha", "30")]
+    assert not any("failed verification" in r for r in reasons.values())
 
 
-def test_timeline_draws_every_save_of_the_newest_run(page: Element) -> None:
+def test_timeline_draws_every_save_of_the_busiest_run(page: Element) -> None:
     bars = find_all(by_id(page, "timeline"), "rect")
     saves = [b for b in bars if b.attrs.get("class") == "save"]
     stalls = [b for b in bars if b.attrs.get("class") == "stall"]
-    assert by_id(page, "timeline-run").text == "run alpha"  # alpha 30 is the newest save
-    assert [b.attrs["data-step"] for b in saves] == ["10", "20", "30"] and len(stalls) == 3
+    # beta has 5 saves, alpha 3: the newest save (alpha 30) does not decide.
+    assert by_id(page, "timeline-run").text == "run beta"
+    assert [b.attrs["data-step"] for b in saves] == ["1", "2", "3", "4", "5"] and len(stalls) == 5
+    # The time axis: two different labels, even when the saves share a second.
+    *_, start, end = [t.text for t in find_all(by_id(page, "timeline"), "text")]
+    assert start != end and start < end
 
 
 def test_no_actions_on_a_read_only_page(page: Element) -> None:

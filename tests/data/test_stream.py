@@ -179,6 +179,7 @@ def test_a_changed_dataset_is_refused_naming_both_fingerprints(tmp_path: Path) -
     with pytest.raises(DatasetChangedError) as caught:
         new.load_state_dict(state)
     assert old.fingerprint in str(caught.value) and new.fingerprint in str(caught.value)
+    assert "force=True" in str(caught.value)
     new.load_state_dict(state, force=True)
     assert (new.epoch, new.consumed) == (0, 7)
     assert new.state_dict()["fingerprint"] == new.fingerprint

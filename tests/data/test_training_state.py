@@ -71,6 +71,7 @@ def test_a_changed_dataset_is_refused_and_nothing_is_restored(
     message = str(caught.value)
     assert loader.state_dict()["fingerprint"] in message
     assert other.state_dict()["fingerprint"] in message
+    assert "force_data=True" in message  # the keyword this method takes, not the loader's
     assert torch.equal(training.model.weight, torch.zeros(2, 2))  # type: ignore[attr-defined]
     assert (other.epoch, other.consumed) == (0, 0)
 

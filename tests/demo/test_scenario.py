@@ -32,10 +32,12 @@ from mouthguard.demo.damage import (
     set_aside_copies,
     verify_run,
 )
+from mouthguard.demo.diverged import diverge_and_resume
 from mouthguard.demo.lifecycle import inspect_lifecycle, render_lifecycle
 from mouthguard.demo.process import DemoError, WorkerProcess
 from mouthguard.demo.scenario import default_run_name, run_scenario
 from mouthguard.jobs.replicator import Replicator
+from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
 
 
@@ -346,6 +348,20 @@ def test_damage_on_both_tiers_and_its_inspection(ckpt: mouthguard.Checkpointer) 
     assert deleted.file.is_file()
     assert [(s, t) for s, t, _ in set_aside_copies(ckpt.store, "r")] == [(1, "fast")]
     assert [(i.step, i.state) for i in ckpt.list()] == [(1, "protected"), (2, "damaged")]
+
+
+def test_the_diverged_side_run_is_protected_but_its_nan_step_never(tmp_path: Path) -> None:
+    fast = LocalTier(tmp_path / "fast", "fast", "node-a")
+    store = mouthguard.Store([fast, LocalTier(tmp_path / "dur", "dur", "node-b")])
+    mouthguard.Checkpointer(store, "r", background=False).save(1, {"w": torch.ones(64)})
+    Replicator(store).run_once()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mouthguard.CheckpointFallbackWarning)
+        record = diverge_and_resume(store, "r")
+    assert record.ok
+    side = mouthguard.Checkpointer(store, record.run, background=False)
+    assert side.info(record.good_step).state == "protected"  # type: ignore[union-attr]
+    assert side.info(record.nan_step).state != "protected"  # type: ignore[union-attr]
 
 
 def test_demo_needs_local_tiers(tmp_path: Path) -> None:

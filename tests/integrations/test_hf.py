@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,10 @@ from transformers import (
 )
 
 import mouthguard
-from mouthguard.errors import CheckpointFallbackWarning
+from mouthguard.checkpoint.sidecars import CopyRef, mark_suspect
+from mouthguard.checkpoint.writer import utc_now
+from mouthguard.errors import CheckpointFallbackWarning, UnsignedRestoreWarning
+from mouthguard.format.signing import ENV_KEY
 from mouthguard.integrations.hf import MouthguardCallback, restore
 from tests.checkpoint.helpers import flip_byte, step_path
 
@@ -135,6 +140,36 @@ def test_restore_picks_the_previous_valid_checkpoint_when_the_newest_is_damaged(
     assert (restored / "model.safetensors").read_bytes() == expected
     with pytest.raises(FileExistsError):
         restore(store, "hf", tmp_path / "again", step=4)
+
+
+def test_restore_of_a_suspect_step_takes_the_valid_one_before(
+    tmp_path: Path, store: mouthguard.Store
+) -> None:
+    callback = _callback(store)
+    Trainer(_model(0), _args(tmp_path / "out"), train_dataset=_data(), callbacks=[callback]).train()
+    mark_suspect(CopyRef(store.fast, "hf", 8), "loss diverged", utc_now())
+    with pytest.warns(CheckpointFallbackWarning, match="falling back to step 4"):
+        restored = restore(store, "hf", tmp_path / "again", step=8)
+    assert restored.name == "checkpoint-4"
+
+
+def test_restoring_pickles_from_an_unsigned_store_warns_and_a_signed_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_KEY, raising=False)
+    unsigned = mouthguard.open_store(tmp_path / "unsigned")
+    Trainer(_model(0), _args(tmp_path / "a", epochs=1), train_dataset=_data(),
+            callbacks=[_callback(unsigned)]).train()  # fmt: skip
+    with pytest.warns(UnsignedRestoreWarning, match=r"unsigned store.*optimizer\.pt"):
+        restore(unsigned, "hf", tmp_path / "ra")
+
+    monkeypatch.setenv(ENV_KEY, "base64:" + base64.b64encode(bytes(range(32))).decode())
+    signed = mouthguard.open_store(tmp_path / "signed")
+    Trainer(_model(0), _args(tmp_path / "b", epochs=1), train_dataset=_data(),
+            callbacks=[_callback(signed)]).train()  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnsignedRestoreWarning)
+        restore(signed, "hf", tmp_path / "rb")
 
 
 def test_after_a_resume_the_next_best_demotes_the_best_from_before(

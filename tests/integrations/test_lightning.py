@@ -14,9 +14,18 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 import mouthguard
+from mouthguard.checkpoint.sidecars import CopyRef, mark_suspect
+from mouthguard.checkpoint.writer import utc_now
+from mouthguard.cli.main import main
 from mouthguard.errors import CheckpointFallbackWarning, FormatError, UnsupportedStateError
-from mouthguard.integrations.lightning import CheckpointIO, restore_pointers
+from mouthguard.integrations.lightning import (
+    CheckpointIO,
+    load_from_checkpoint,
+    restore_pointers,
+)
 from mouthguard.integrations.pointer import read_pointer
+from mouthguard.tiers.local import LocalTier
+from mouthguard.tiers.throttle import ThrottledTier
 from tests.checkpoint.helpers import assert_same, flip_byte, step_path
 
 pytestmark = pytest.mark.filterwarnings(
@@ -131,13 +140,13 @@ def test_importance_follows_the_rule(tmp_path: Path, io: CheckpointIO) -> None:
 
     assert Path(best.best_model_path).name == "epoch=1-step=8.ckpt"
     assert level("epoch=1-step=8.ckpt") == "critical"  # the monitored best
-    assert level("last.ckpt") == "milestone"  # closes epoch 2
+    assert level("last.ckpt") == "routine"  # milestones only where asked for
     assert level("sstep=3.ckpt") == "routine"  # mid-epoch
     assert level("sstep=6.ckpt") == "routine"
     # The first epoch's best (step 4) was superseded: demoted, then given up by top-k.
     old_best = io.checkpointer.info(4)
     assert old_best is not None
-    assert (old_best.saved_importance, old_best.importance.value) == ("critical", "milestone")
+    assert (old_best.saved_importance, old_best.importance.value) == ("critical", "routine")
     assert old_best.state == "trashed"
     # last.ckpt was saved again at epoch 2: the checkpoint it named before is trashed too.
     first_last = io.checkpointer.info(5)
@@ -193,6 +202,23 @@ def test_a_damaged_checkpoint_makes_the_resume_fall_back(
     assert torch.equal(resumed.layer.weight, reference.layer.weight)
 
 
+def test_a_suspect_checkpoint_makes_the_resume_fall_back(
+    tmp_path: Path, io: CheckpointIO, store: mouthguard.Store
+) -> None:
+    """A checkpoint marked suspect (its state failed a check) is never resumed from."""
+    reference = _fit(tmp_path / "ref", 2, None)
+    _fit(tmp_path / "run", 1, io)
+    last = read_pointer(tmp_path / "run" / "checkpoints" / "last.ckpt").step
+    mark_suspect(CopyRef(store.fast, "lit", last), "loss diverged", utc_now())
+    with pytest.warns(CheckpointFallbackWarning) as warned:
+        resumed = _fit(tmp_path / "run", 2, io, seed=1, ckpt_path="last")
+    assert any(
+        f"falling back to step {last - 1}" in str(w.message) and "loss diverged" in str(w.message)
+        for w in warned
+    )
+    assert torch.equal(resumed.layer.weight, reference.layer.weight)
+
+
 def test_an_object_that_needs_pickle_is_named_and_nothing_is_saved(
     tmp_path: Path, io: CheckpointIO
 ) -> None:
@@ -229,3 +255,78 @@ def test_a_file_that_is_not_a_pointer_is_refused(tmp_path: Path, io: CheckpointI
         warnings.simplefilter("error")
         with pytest.raises(mouthguard.MouthguardError, match="no checkpoint at"):
             io.load_checkpoint(tmp_path / "missing.ckpt")
+
+
+def test_save_top_k_bounds_what_the_store_keeps_after_gc(
+    tmp_path: Path, io: CheckpointIO, store: mouthguard.Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The documented ``ModelCheckpoint(monitor=..., save_top_k=2, save_last=True)``: after a
+    retention pass, the store keeps what Lightning keeps, and the rest stays in the trash."""
+    torch.manual_seed(0)
+    model = Tiny()
+    train, val = _data()
+    _trainer(tmp_path, 6, io, save_top_k=2).fit(model, train, val)
+    io.teardown()
+    kept_by_lightning = {read_pointer(p).step for p in (tmp_path / "checkpoints").glob("*.ckpt")}
+    assert len(kept_by_lightning) <= 3  # the top 2 and last (which may be one of them)
+    assert main(["--store", str(store.source), "gc", "--apply"]) == 0
+    capsys.readouterr()
+    live = {i.step for i in io.checkpointer.list() if i.state != "trashed"}
+    assert live == kept_by_lightning
+
+
+def test_a_supersede_left_undone_by_a_killed_run_is_finished_on_the_next_start(
+    tmp_path: Path, store: mouthguard.Store
+) -> None:
+    killed = CheckpointIO(store, run="lit", background=False)
+    state = {"global_step": 1, "state_dict": {"w": torch.ones(2)}}
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    killed.save_checkpoint(state, path)
+    killed.save_checkpoint({**state, "global_step": 2}, path)  # supersedes the first...
+    killed.checkpointer.flush()  # ...committed, but the run dies before giving it up
+    first, second = killed.checkpointer.steps()
+    assert killed.checkpointer.info(first).state != "trashed"  # type: ignore[union-attr]
+    restarted = CheckpointIO(store, run="lit", background=False)
+    assert restarted.load_checkpoint(path)["global_step"] == 2
+    assert restarted.checkpointer.info(first).state == "trashed"  # type: ignore[union-attr]
+    assert restarted.checkpointer.info(second).state != "trashed"  # type: ignore[union-attr]
+    # A pointer that is merely missing (a lost directory) proves nothing: nothing is given up.
+    path.unlink()
+    again = CheckpointIO(store, run="lit", background=False)
+    again.save_checkpoint({**state, "global_step": 3}, tmp_path / "checkpoints" / "other.ckpt")
+    again.teardown()
+    assert again.checkpointer.info(second).state != "trashed"  # type: ignore[union-attr]
+
+
+def test_a_second_checkpoint_io_sees_a_save_still_in_flight(tmp_path: Path) -> None:
+    """``trainer.save_checkpoint(p)``, then a new Trainer's ``fit(ckpt_path=p)``: the new
+    plug-in waits for the first one's save instead of falling back past it."""
+    # A slow disk (256 KiB/s for a 256 KiB state): the save is still being written
+    # when the second plug-in reads the pointer.
+    slow = ThrottledTier(LocalTier(tmp_path / "fast"), write_bytes_per_second=256 * 1024)
+    store = mouthguard.Store([slow])
+    first = CheckpointIO(store, run="lit", background=False)
+    path = tmp_path / "checkpoints" / "manual.ckpt"
+    first.save_checkpoint({"global_step": 1, "state_dict": {"w": torch.zeros(4)}}, path)
+    big = {"global_step": 7, "state_dict": {"w": torch.ones(64 * 1024)}}
+    first.save_checkpoint(big, path)  # returns once snapshotted; the write goes on
+    second = CheckpointIO(store, run="lit", background=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointFallbackWarning)
+        loaded = second.load_checkpoint(path)
+    assert loaded["global_step"] == 7
+    first.teardown()
+
+
+def test_a_module_loads_from_a_pointer(
+    tmp_path: Path, io: CheckpointIO, store: mouthguard.Store
+) -> None:
+    """``Model.load_from_checkpoint(pointer)`` cannot read a pointer; the helper can."""
+    trained = _fit(tmp_path, 1, io)
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    with pytest.raises(Exception, match=r"(?i)unpickl|load key"):
+        Tiny.load_from_checkpoint(path)  # Lightning's own: the limitation documented
+    loaded = load_from_checkpoint(Tiny, store, path)
+    assert isinstance(loaded, Tiny) and loaded.hparams["lr"] == 0.1
+    assert torch.equal(loaded.layer.weight, trained.layer.weight)
+    assert load_from_checkpoint(Tiny, store, path, lr=0.5).hparams["lr"] == 0.5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,8 +11,17 @@ import torch
 from typing_extensions import override
 
 import mouthguard
-from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
+from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.sidecars import (
+    DAMAGE,
+    RECEIPT,
+    CopyRef,
+    read_sidecars,
+    report_damage,
+    write_receipt,
+)
 from mouthguard.errors import FormatError
+from mouthguard.jobs import replicator as replicator_module
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.copy import SourceDamagedError, copy_checkpoint
 from mouthguard.jobs.replicator import ReplicationReport, Replicator, Shortfall
@@ -254,3 +264,44 @@ def test_every_read_of_a_replication_waits_for_the_save_in_flight(tmp_path: Path
     assert fast.reads and durable.reads  # the source was read, the copy read back
     assert min(fast.reads + durable.reads) >= finished
     assert gate.yielded_seconds == 4.0
+
+
+def test_a_receipt_beside_a_damage_report_vouches_for_nothing(
+    two_tier: mouthguard.Store,
+) -> None:
+    """Both facts side by side (a crash between writing one and deleting the other, or a
+    receipt written after the report): the copy reads as not verified, the checkpoint as
+    not protected, and the damage is what is shown."""
+    ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
+    ckpt.save(1, {"w": torch.ones(64)})
+    Replicator(two_tier).run_once()
+    assert ckpt.info(1).state == "protected"  # type: ignore[union-attr]
+    durable = CopyRef(two_tier.tier("durable"), "r", 1)
+    now = dt.datetime.now(dt.UTC)
+    report_damage(durable, "a reader saw a checksum mismatch", now)
+    write_receipt(durable, durable.tier.get(catalog.manifest_key("r", 1)), now)
+    assert durable.tier.exists(durable.key(RECEIPT)) and durable.tier.exists(durable.key(DAMAGE))
+    assert read_sidecars(durable).verified_at is None
+    info = ckpt.info(1)
+    assert info is not None and info.state != "protected"
+    (copy,) = [c for c in info.copies if c.tier == "durable"]
+    assert not copy.verified and "checksum mismatch" in copy.damage
+
+
+def test_a_copy_another_replicator_made_meanwhile_is_no_shortfall(
+    two_tier: mouthguard.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two trainers' services on one store: the other one commits the copy between this
+    pass's look at the destination and its own commit."""
+    ckpt = mouthguard.Checkpointer(two_tier, run="r", background=False)
+    ckpt.save(1, {"w": torch.ones(64)})
+    real = replicator_module.copy_checkpoint
+
+    def raced(src: Tier, dst: Tier, run: str, step: int, **kw: object) -> object:
+        real(src, dst, run, step)  # the rival's copy lands first
+        return real(src, dst, run, step, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replicator_module, "copy_checkpoint", raced)
+    report = Replicator(two_tier).run_once()
+    assert report.shortfalls == []
+    assert ckpt.info(1).state == "protected"  # type: ignore[union-attr]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mouthguard.policy import (
@@ -162,6 +164,15 @@ def test_invalid_checkpoint_is_never_protected() -> None:
     assert "the checkpoint failed verification: its copies cannot be loaded" in status.missing
 
 
+def test_a_suspect_checkpoint_is_never_protected_and_says_why() -> None:
+    p = placement_for(Importance.ROUTINE, [FAST, NFS], CONFIG)
+    c = ckpt(Importance.ROUTINE, copy("fast", "node-a"), copy("nfs", "rack-b"), valid=True)
+    status = protection_status(dataclasses.replace(c, suspect="loss is NaN"), p)
+    assert status.state == "committed"
+    assert "suspect: loss is NaN (a resume skips it)" in status.missing
+    assert not any("failed verification" in m for m in status.missing)
+
+
 def test_critical_needs_every_durable_tier_off_fast() -> None:
     p = placement_for(Importance.CRITICAL, [FAST, NFS, S3], CONFIG)
     c = ckpt(
@@ -194,3 +205,11 @@ def test_the_old_name_still_works_with_a_deprecation_warning() -> None:
     assert plan_placement is mouthguard.policy.placement_for
     with pytest.raises(AttributeError, match="no_such_name"):
         mouthguard.policy.no_such_name  # noqa: B018
+
+
+def test_a_copy_with_a_damage_report_counts_toward_no_protection() -> None:
+    p = placement_for(Importance.ROUTINE, [FAST, NFS], CONFIG)
+    reported = dataclasses.replace(copy("nfs", "rack-b"), damage_reported=True)
+    status = protection_status(ckpt(Importance.ROUTINE, copy("fast", "node-a"), reported), p)
+    assert status.state != "protected"
+    assert any("damage reported, not counted: nfs" in m for m in status.missing)

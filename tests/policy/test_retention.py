@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -125,6 +126,27 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_valid() -> None:
     assert d[5].reasons == (
         "invalid: failed verification; only a hold or critical importance keeps it",
     )
+
+
+def test_a_suspect_checkpoint_is_called_suspect_with_its_reason() -> None:
+    """Intact bytes, a state a check refused: never "failed verification"."""
+    suspect = dataclasses.replace(ck(3, valid=None), suspect="16 NaN in model.w")
+    d = decide(ck(1), ck(2), suspect, routine={"keep_last": 5})
+    assert not d[3].keep and not d[3].newest_valid and d[2].newest_valid
+    assert d[3].reasons == (
+        "suspect: 16 NaN in model.w; only a hold or critical importance keeps it",
+    )
+
+
+def test_what_its_trainer_released_is_kept_only_as_a_recovery_point_or_by_a_guard() -> None:
+    released = [dataclasses.replace(ck(s), released=True) for s in (2, 3)]
+    held = dataclasses.replace(ck(4, held=True), released=True)
+    newest = dataclasses.replace(ck(6), released=True)
+    d = decide(ck(1), *released, held, ck(5), newest, routine={"keep_last": 10})
+    assert kept(d) == [1, 4, 5, 6]  # keep-last would have kept 2 and 3 as well
+    assert d[2].reasons[0].startswith("released by its trainer")
+    assert d[4].reasons == ("held: a hold blocks deletion",)
+    assert d[6].newest_valid  # never the last recovery point given up
 
 
 def test_newest_valid_is_kept_whatever_its_level() -> None:

@@ -61,6 +61,25 @@ def test_include_loads_only_the_matching_tensors(tmp_path: Path) -> None:
     assert loaded.bytes_read == loaded.nbytes
 
 
+def test_a_tensor_of_an_unknown_dtype_fails_only_when_it_is_wanted(tmp_path: Path) -> None:
+    """A model file holding a dtype mouthguard does not map (safetensors' packed ``F4``)
+    beside float8 scales (``F8_E8M0``): ``include=`` skips it, and asking for it names it."""
+    raw = torch.arange(64, dtype=torch.int64).to(torch.uint8)
+    state = {
+        "packed": raw.clone().view(torch.float4_e2m1fn_x2),
+        "scales": raw.view(torch.float8_e8m0fnu),
+        "model.norm.weight": torch.rand(8),
+    }
+    model = write_single(tmp_path / "m", state)
+    loaded = weights.load(model, include=["scales", "model.norm.weight"])
+    assert sorted(loaded.tensors) == ["model.norm.weight", "scales"]
+    assert loaded.tensors["scales"].dtype == torch.float8_e8m0fnu
+    assert torch.equal(loaded.tensors["scales"].view(torch.uint8), raw)
+    assert torch.equal(loaded.tensors["model.norm.weight"], state["model.norm.weight"])
+    with pytest.raises(WeightsError, match=r"'packed' \(F4\).*include="):
+        weights.load(model)
+
+
 @pytest.mark.parametrize("slot_bytes", [4096, 1 << 24])
 def test_a_checkpoint_loads_verified_by_path_and_by_run(tmp_path: Path, slot_bytes: int) -> None:
     state = model_state()

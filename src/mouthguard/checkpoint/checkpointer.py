@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
@@ -39,7 +40,7 @@ from mouthguard.checkpoint.sidecars import (
 )
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.writer import utc_now
-from mouthguard.errors import CheckpointNotFoundError
+from mouthguard.errors import CheckpointFallbackWarning, CheckpointNotFoundError
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
 from mouthguard.policy.importance import Importance, parse_importance
 from mouthguard.tiers.base import Tier
@@ -58,7 +59,8 @@ class Checkpointer:
       fast tier; a crash at any moment leaves either the complete checkpoint or
       nothing that ``list``/``load`` accept.
     * ``load`` checks every byte against the manifest's checksums while reading,
-      and with ``step=None`` falls back to the next older valid checkpoint (with a
+      and with ``step=None`` (or ``at_or_before=N``) falls back to the next older
+      valid checkpoint, past damaged and suspect ones (with a
       :class:`CheckpointFallbackWarning` naming what was wrong).
     * Nothing is pickled: tensors go to safetensors rank files, everything else to
       typed JSON in the manifest.
@@ -402,15 +404,23 @@ class Checkpointer:
         step: int | None = None,
         into: object = None,
         *,
+        at_or_before: int | None = None,
         device: Any = None,
         check: Check | None = None,
     ) -> LoadedCheckpoint:
         """Load a checkpoint, verifying every byte (and, with ``check``, its state).
 
         Args:
-            step: the step to load; ``None`` loads the newest *valid* checkpoint,
-                falling back past damaged ones and ones marked suspect with a
-                :class:`CheckpointFallbackWarning`.
+            step: the step to load exactly; ``None`` loads the newest *valid*
+                checkpoint, falling back past damaged ones and ones marked suspect
+                with a :class:`CheckpointFallbackWarning`.
+            at_or_before: with ``step=None``, the newest valid checkpoint whose step
+                is at most this one -- the resume a trainer asks for when it names a
+                step: that step, or when it is damaged, suspect, gone or unloadable
+                here, the newest valid one before it (never a newer one), with a
+                :class:`CheckpointFallbackWarning` saying ``falling back to step N``
+                and why. A candidate deleted while the load walks back (a retention
+                pass, another trainer's top-k) is passed over like a missing one.
             into: optional state whose tensors (matched by key path, same dtype and
                 shape) are filled in place and returned instead of new tensors. If
                 every candidate fails, their contents are undefined. Tensors on a
@@ -427,10 +437,13 @@ class Checkpointer:
                 one that passes is recorded, and retention keeps the newest such.
 
         Raises:
-            ValueError: ``device`` names no device.
-            CheckpointNotFoundError: nothing is committed (for ``step``, or at all).
+            ValueError: ``device`` names no device, or both ``step`` and
+                ``at_or_before`` are given.
+            CheckpointNotFoundError: nothing is committed (for ``step``, at or before
+                ``at_or_before``, or at all).
             CorruptCheckpointError: every copy of the requested ``step`` is damaged.
-            NoValidCheckpointError: ``step=None`` and no checkpoint is valid.
+            NoValidCheckpointError: ``step=None`` and no checkpoint (at or before
+                ``at_or_before``) is valid.
             SuspectCheckpointError: the requested ``step`` failed ``check``.
             StateMismatchError: ``into`` does not fit the checkpoint, or it was saved
                 by a different number of ranks (``mouthguard.dcp`` reshards).
@@ -440,6 +453,10 @@ class Checkpointer:
         """
         if step is not None:
             catalog.validate_step(step)
+            if at_or_before is not None:
+                raise ValueError("give step (exactly that one) or at_or_before, not both")
+        if at_or_before is not None:
+            catalog.validate_step(at_or_before)
         target = None
         if device is not None:
             import torch  # noqa: PLC0415 - torch is loaded by whoever asks for a device
@@ -450,12 +467,23 @@ class Checkpointer:
                 raise ValueError(f"{device!r} is not a device: {exc}") from None
         loader = Loader(self.store, self.run, self.ranks, self.manifest_keys, target, check)
         # Every rank walks the coordinator's list, so all try the same steps in order.
-        candidates = [step] if step is not None else sorted(self.steps(), reverse=True)
+        if step is not None:
+            candidates = [step]
+        else:
+            bound = at_or_before
+            candidates = sorted(
+                (s for s in self.steps() if bound is None or s <= bound), reverse=True
+            )
         listed = self.ranks.broadcast(list(candidates))
         assert isinstance(listed, list)
         rejected: builtins.list[Rejection] = []
         try:
-            return loader.first_valid([int(str(c)) for c in listed], step, into, rejected)
+            loaded = loader.first_valid(
+                [int(str(c)) for c in listed], step, into, rejected, at_or_before=at_or_before
+            )
+            if at_or_before is not None and loaded.step != at_or_before:
+                _warn_fell_back(self.run, at_or_before, loaded)
+            return loaded
         finally:
             # Repairs start only once this load is done reading: a repair racing it
             # could set aside a copy the load is about to try.
@@ -477,3 +505,14 @@ class Checkpointer:
             catalog.collect_partial_saves(tier, self.run, grace_seconds=grace_seconds)
             for tier in self.store.tiers
         ]
+
+
+def _warn_fell_back(run: str, asked: int, loaded: LoadedCheckpoint) -> None:
+    """Say, once, that ``load(at_or_before=asked)`` resumed from an older step, and why."""
+    why = "; ".join(r.reason for r in loaded.rejected if r.step == asked) or "not committed"
+    warnings.warn(
+        f"checkpoint {run} step {asked} cannot be loaded ({why}); "
+        f"falling back to step {loaded.step}",
+        CheckpointFallbackWarning,
+        stacklevel=3,
+    )

@@ -96,6 +96,7 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
                 verified=side.verified_at is not None,
                 verified_at=_ts(side.verified_at),
                 trashed_at=_ts(side.trashed_at),
+                damage_reported=bool(side.damage),
             )
         )
     if manifest is None:
@@ -118,6 +119,11 @@ def gather(store: Store, run: str, step: int) -> CheckpointView | None:
         metrics=metrics,
         copies=tuple(copies),
         checked=not suspect and any(side.checked_at is not None for _, side in per_copy),
+        suspect=suspect,
+        # Given up by its trainer: every copy in the trash, under the trainer's mark.
+        released=bool(per_copy)
+        and all(side.trashed_at is not None for _, side in per_copy)
+        and any(side.trash_released for _, side in per_copy),
     )
     return CheckpointView(
         facts,

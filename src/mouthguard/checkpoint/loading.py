@@ -1,7 +1,9 @@
 """Finding and loading the newest valid checkpoint: copies in tier order, fallback, agreement.
 
-For each candidate step (newest first when no step is asked for) every copy is
-tried, fast tier first; a copy that fails verification is reported as damaged
+For each candidate step (newest first when no step is asked for, or only those
+at or before ``at_or_before``) every copy is tried, fast tier first; a candidate
+deleted while the walk is under way is passed over (not damage: nothing is
+reported); a copy that fails verification is reported as damaged
 (so the background service confirms and repairs it) and the next copy or the
 next older step is tried, with a :class:`CheckpointFallbackWarning` naming what
 was wrong.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import builtins
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,8 +37,8 @@ from mouthguard.checkpoint.reader import load_copy, read_manifest
 from mouthguard.checkpoint.semantic import (
     Check,
     CheckInput,
+    agreed_verdicts,
     reference_of,
-    run_check,
     saved_suspect,
 )
 from mouthguard.checkpoint.sidecars import (
@@ -90,8 +92,15 @@ class Loader:
         step: int | None,
         into: object,
         rejected: builtins.list[Rejection],
+        *,
+        at_or_before: int | None = None,
     ) -> LoadedCheckpoint:
-        """The first candidate that every rank loads; raise as ``Checkpointer.load`` documents."""
+        """The first candidate that every rank loads; raise as ``Checkpointer.load`` documents.
+
+        ``step`` is the one step asked for exactly (no fallback); with ``step=None``
+        the candidates are walked newest first, and ``at_or_before`` only names
+        their bound in the errors.
+        """
         fallback = step is None
         for candidate in candidates:
             if fallback and self._skip_suspect(candidate, rejected):
@@ -99,8 +108,9 @@ class Loader:
             loaded = self._agreed(candidate, into, rejected, fallback=fallback)
             if loaded is not None and self._passes(loaded, rejected, fallback=fallback):
                 return loaded
+        bound = "" if at_or_before is None else f" at or before step {at_or_before}"
         if not rejected:
-            what = f"step {step}" if step is not None else "any step"
+            what = f"step {step}" if step is not None else f"any step{bound}"
             raise CheckpointNotFoundError(
                 f"run {self.run!r} has no committed checkpoint for {what}"
             )
@@ -109,7 +119,7 @@ class Loader:
             raise CorruptCheckpointError(
                 f"every copy of {self.run} step {step} is damaged: {reasons}"
             )
-        raise NoValidCheckpointError(f"run {self.run!r} has no valid checkpoint: {reasons}")
+        raise NoValidCheckpointError(f"run {self.run!r} has no valid checkpoint{bound}: {reasons}")
 
     def _skip_suspect(self, step: int, rejected: builtins.list[Rejection]) -> bool:
         """Whether ``step`` is marked suspect (the coordinator's reading decides for all)."""
@@ -126,16 +136,7 @@ class Loader:
         return True
 
     def _suspect_reason(self, step: int) -> str:
-        for tier in self._tiers_holding(step):
-            ref = CopyRef(tier, self.run, step)
-            try:
-                reason = saved_suspect(read_manifest(tier, self.run, step, self.keys).reference)
-                reason = reason or read_sidecars(ref).suspect
-            except MouthguardError:
-                continue  # damage is the load's to find and report
-            if reason:
-                return reason
-        return ""
+        return suspect_reason(self._tiers_holding(step), self.run, step, self.keys)
 
     def _passes(
         self, loaded: LoadedCheckpoint, rejected: builtins.list[Rejection], *, fallback: bool
@@ -144,8 +145,7 @@ class Loader:
         if self.check is None:
             return True
         subject = CheckInput(loaded.step, loaded.state, loaded.reference)
-        mine = run_check(self.check, subject) or ""
-        verdicts = [str(v or "") for v in self.ranks.all_gather(mine)]
+        verdicts = agreed_verdicts(self.check, subject, self.ranks)
         failed = [(rank, v) for rank, v in enumerate(verdicts) if v]
         refs = [CopyRef(t, self.run, loaded.step) for t in self._tiers_holding(loaded.step)]
         if not failed:
@@ -214,6 +214,11 @@ class Loader:
             except StateMismatchError:
                 raise
             except MouthguardError as exc:
+                if fallback and _deleted(tier, self.run, step):
+                    # Retention or another trainer removed it while this load walked
+                    # back: not damage (no report, which would recreate its directory).
+                    log.info("%s step %d left %s during the load", self.run, step, tier.name)
+                    continue
                 self._reject(CopyRef(tier, self.run, step), exc, rejected, fallback=fallback)
                 continue
             copy = CopyInfo(tier=tier.name, location=tier.location(prefix))
@@ -268,6 +273,33 @@ class Loader:
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         return catalog.tiers_holding(self.store.tiers, self.run, step)
+
+
+def suspect_reason(tiers: Iterable[Tier], run: str, step: int, keys: Keyring | None = None) -> str:
+    """Why ``run``/``step`` is suspect ("" when it is not).
+
+    The save guard's verdict in the manifest, else a suspect mark on any copy
+    among ``tiers``. The one reading of the mark: a fallback load skips what this names, and
+    ``verify`` prints it next to the copy's byte verdict. A copy that cannot be
+    read is passed over (damage is the load's or the verifier's to report).
+    """
+    for tier in tiers:
+        try:
+            reason = saved_suspect(read_manifest(tier, run, step, keys).reference)
+            reason = reason or read_sidecars(CopyRef(tier, run, step)).suspect
+        except MouthguardError:
+            continue
+        if reason:
+            return reason
+    return ""
+
+
+def _deleted(tier: Tier, run: str, step: int) -> bool:
+    """Whether ``run``/``step`` is no longer committed on ``tier`` (False if that is unknown)."""
+    try:
+        return not tier.exists(catalog.manifest_key(run, step))
+    except MouthguardError:
+        return False
 
 
 def _record(refs: builtins.list[CopyRef], write: Callable[[CopyRef], None]) -> None:

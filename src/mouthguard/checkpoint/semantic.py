@@ -4,7 +4,11 @@ A *check* is any callable that takes a :class:`CheckInput` (the step, the
 state, the reference values stored with it) and returns ``None`` when the state
 is fine, or a non-empty string saying why it is not. A check that raises is a
 bug in the check, not a verdict on the checkpoint: its exception propagates
-unchanged. Built-in checks are in :mod:`mouthguard.checks`.
+unchanged. Multi-rank, the exception is gathered like a verdict
+(:func:`agreed_verdicts`), so no rank waits for the one that raised: that rank
+raises its own exception, every other rank a
+:class:`~mouthguard.errors.RankFailedError` naming it -- at once, not after the
+collective timeout. Built-in checks are in :mod:`mouthguard.checks`.
 
 Where verdicts are kept (no database: facts live next to the copies):
 
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TypeGuard
 
 from mouthguard.checkpoint.ranks import RankGroup
-from mouthguard.errors import SuspectStateWarning
+from mouthguard.errors import RankFailedError, SuspectStateWarning
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance
 
@@ -72,6 +76,42 @@ def run_check(check: Check, subject: CheckInput) -> str | None:
     return verdict
 
 
+def agreed_verdicts(check: Check, subject: CheckInput, ranks: RankGroup) -> list[str]:
+    """Every rank's verdict on its own part, indexed by rank ("" = passed): a collective.
+
+    A check that raises on some rank is gathered too, as what it raised, so every
+    rank leaves the collective together.
+
+    Raises:
+        Exception: what this rank's check raised (unchanged).
+        RankFailedError: another rank's check raised; the message names the rank
+            and its exception.
+        TypeError: this rank's check returned neither None nor a reason.
+    """
+    error: Exception | None = None
+    mine: JsonValue
+    try:
+        mine = run_check(check, subject) or ""
+    except Exception as exc:  # noqa: BLE001 - a bug in the check: every rank must hear of it
+        error = exc
+        mine = {_RAISED: f"{type(exc).__name__}: {exc}"}
+    gathered = ranks.all_gather(mine)
+    if error is not None:
+        raise error
+    raised = [(rank, str(v.get(_RAISED))) for rank, v in enumerate(gathered) if isinstance(v, dict)]
+    if raised:
+        where = "; ".join(f"rank {rank}: {why}" for rank, why in raised)
+        raise RankFailedError(
+            f"step {subject.step}: the check raised on another rank ({where}); "
+            "nothing was committed or loaded"
+        )
+    return [str(v or "") for v in gathered]
+
+
+#: The key of a gathered verdict that is an exception, not a reason.
+_RAISED = "raised"
+
+
 def guard_save(
     check: Check,
     ranks: RankGroup,
@@ -91,7 +131,7 @@ def guard_save(
     """
     values = {str(k): v for k, v in (reference or {}).items()}
     subject = CheckInput(step, state, {k: v for k, v in values.items() if _is_json(v)})
-    verdicts = [str(v or "") for v in ranks.all_gather(run_check(check, subject) or "")]
+    verdicts = agreed_verdicts(check, subject, ranks)
     failed = [(rank, why) for rank, why in enumerate(verdicts) if why]
     if not failed:
         return importance, reference

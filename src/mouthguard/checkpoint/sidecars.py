@@ -79,6 +79,8 @@ class Sidecars:
     damage: str = ""
     suspect: str = ""
     checked_at: dt.datetime | None = None
+    #: The trash mark says the checkpoint's trainer gave it up (see ``mark_trashed``).
+    trash_released: bool = False
 
 
 def hold_name(name: str) -> str:
@@ -167,9 +169,17 @@ def release_hold(ref: CopyRef, name: str) -> bool:
     return ref.tier.delete(ref.key(f"{_HOLD_PREFIX}{hold_name(name)}.json"))
 
 
-def mark_trashed(ref: CopyRef, reason: str, when: dt.datetime) -> None:
-    """Put this copy in the trash (it is purged only after the policy's delay)."""
-    _put(ref, TRASH, {"reason": reason, "trashed_at": when.isoformat()})
+def mark_trashed(ref: CopyRef, reason: str, when: dt.datetime, *, released: bool = False) -> None:
+    """Put this copy in the trash (it is purged only after the policy's delay).
+
+    ``released``: its trainer gave it up (Lightning's top-k dropped it), so
+    retention's keep-last, best-k and keep-within rules no longer keep it --
+    only a hold, critical importance or being the newest valid checkpoint does.
+    """
+    body = {"reason": reason, "trashed_at": when.isoformat()}
+    if released:
+        body["released"] = "true"
+    _put(ref, TRASH, body)
 
 
 def report_damage(ref: CopyRef, reason: str, when: dt.datetime) -> None:
@@ -255,11 +265,12 @@ def read_sidecars(ref: CopyRef) -> Sidecars:
         except (FormatError, ValueError) as exc:
             log.warning("ignoring damaged importance sidecar of %s: %s", ref, exc)
     holds = tuple(_hold(tier, prefix, n) for n in names if n.startswith(_HOLD_PREFIX))
-    trashed_at, trash_reason = None, ""
+    trashed_at, trash_reason, released = None, "", False
     if TRASH in names:
         try:
             body = _read(tier, prefix + TRASH) or {}
             trashed_at, trash_reason = _time(body.get("trashed_at")), str(body.get("reason", ""))
+            released = body.get("released") == "true"
         except FormatError as exc:
             log.warning("damaged trash mark of %s: %s", ref, exc)
         if trashed_at is None:
@@ -286,16 +297,17 @@ def read_sidecars(ref: CopyRef) -> Sidecars:
         except FormatError as exc:
             log.warning("ignoring damaged check record of %s: %s", ref, exc)
     return Sidecars(
-        verified_at,
-        importance,
-        changed_at,
-        why,
-        holds,
-        trashed_at,
-        trash_reason,
-        damage,
-        suspect,
-        checked_at,
+        verified_at=verified_at,
+        importance=importance,
+        importance_changed_at=changed_at,
+        importance_reason=why,
+        holds=holds,
+        trashed_at=trashed_at,
+        trash_reason=trash_reason,
+        damage=damage,
+        suspect=suspect,
+        checked_at=checked_at,
+        trash_released=released,
     )
 
 

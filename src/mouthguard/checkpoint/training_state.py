@@ -12,7 +12,7 @@ import random
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from mouthguard.errors import StateMismatchError
+from mouthguard.errors import DatasetChangedError, StateMismatchError
 
 # numpy and torch are imported by the two functions that use them: this module is
 # part of ``import mouthguard``, which the CLI's non-tensor commands do without them.
@@ -152,7 +152,15 @@ class TrainingState:
             if force_data:
                 data.load_state_dict(state["data"], force=True)
             else:
-                data.load_state_dict(state["data"])
+                try:
+                    data.load_state_dict(state["data"])
+                except DatasetChangedError as exc:
+                    # The loader names its own keyword; here the way past it is ours.
+                    raise DatasetChangedError.refusing(
+                        exc.saved,
+                        exc.current,
+                        resume_with="TrainingState.load_state_dict(state, force_data=True)",
+                    ) from None
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -6,7 +6,9 @@ Both judge each copy through
 says why it could not be), damaged (proven damage, reported for repair; verify
 prints ``INVALID (damaged)``, scrub ``DAMAGED``) or unreachable (the tier failed;
 nothing is concluded). Exit 0 only when every
-copy read back intact.
+copy read back intact. ``verify`` also names a checkpoint whose state a check
+refused ``suspect``, with the reason, as ``ls`` does: its bytes may be valid,
+but a resume skips it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.loading import suspect_reason
 from mouthguard.checkpoint.sidecars import CopyRef, check_sidecars
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.verification import Status, Verdict, find_copies, verify_and_record
@@ -63,12 +66,27 @@ def verify(store: Store, args: argparse.Namespace, console: Console) -> int:
         what = args.run if args.step is None else f"{args.run} step {args.step}"
         raise UsageError(f"no committed checkpoint {what} in {store.source}")
     verdicts = _run_verification(refs, console, quiet=args.json)
+    suspects = _suspects(store, verdicts)
     if args.json:
         for v in verdicts:
-            print(json.dumps(v.to_json()))
+            print(json.dumps({**v.to_json(), "suspect": suspects.get((v.run, v.step)) or None}))
     else:
-        _print_verdicts(verdicts, console)
+        _print_verdicts(verdicts, suspects, console)
     return EXIT_OK if all(v.ok for v in verdicts) else EXIT_FAILED
+
+
+def _suspects(store: Store, verdicts: list[Verdict]) -> dict[tuple[str, int], str]:
+    """Why each verified checkpoint is suspect, for those that are (as ``ls`` says it).
+
+    Verification judges bytes; a suspect checkpoint's bytes may all match while a
+    resume skips it, so the byte verdict alone would contradict ``ls``.
+    """
+    found = {}
+    for run, step in sorted({(v.run, v.step) for v in verdicts}):
+        reason = suspect_reason(store.tiers, run, step, store.manifest_keys)
+        if reason:
+            found[(run, step)] = reason
+    return found
 
 
 def _run_verification(refs: list[CopyRef], console: Console, *, quiet: bool) -> list[Verdict]:
@@ -99,18 +117,25 @@ def sidecar_problems(ref: CopyRef) -> list[str]:
     return [f"{where} {name} is damaged: {why}" for name, why in damaged]
 
 
-def _print_verdicts(verdicts: list[Verdict], console: Console) -> None:
+def _print_verdicts(
+    verdicts: list[Verdict], suspects: dict[tuple[str, int], str], console: Console
+) -> None:
     table = Table(title="verification", title_justify="left")
     for column in ("run", "step", "tier", "size", "result"):
         table.add_column(column, justify="right" if column in ("step", "size") else "left")
     for v in verdicts:
         size = human_bytes(v.nbytes) if v.nbytes else "?"
         result = _result_cell(v, ok_word="valid", bad_word="INVALID")
+        suspect = suspects.get((v.run, v.step))
+        if suspect:
+            result += f"; [yellow]suspect[/yellow]: {escape(suspect)} (a resume skips it)"
         table.add_row(escape(v.run), str(v.step), escape(v.tier), size, result)
     console.print(table)
     bad = sum(not v.ok for v in verdicts)
     unrecorded = sum(bool(v.ok and v.record_error) for v in verdicts)
     summary = f"{len(verdicts) - bad} valid, {bad} invalid"
+    if suspects:
+        summary += f"; {len(suspects)} checkpoint(s) suspect (intact bytes, a resume skips them)"
     if unrecorded:
         summary += f" ({unrecorded} valid receipts could not be recorded: is the store read-only?)"
     console.print(f"[red]{summary}[/red]" if bad else f"[green]{summary}[/green]", highlight=False)

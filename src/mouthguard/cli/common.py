@@ -123,16 +123,18 @@ class Version(argparse.Action):
         parser.exit()
 
 
-def integer(minimum: int | None = None) -> Callable[[str], int]:
-    """A type accepting a decimal integer, ``>= minimum`` when one is given."""
+def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """A type accepting a decimal integer, within ``[minimum, maximum]`` where given."""
 
     def parse(text: str) -> int:
         bound = "" if minimum is None else f" >= {minimum}"
+        if maximum is not None:
+            bound += f"{' and' if bound else ''} <= {maximum}"
         try:
             value = int(text.strip(), 10)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be an integer{bound}: {text!r}") from None
-        if minimum is not None and value < minimum:
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"must be an integer{bound}: {text!r}")
         return value
 

@@ -27,11 +27,16 @@ class DiskUse:
 
 
 def disk_use(report: DemoReport) -> DiskUse:
-    """What the run of ``report`` and the whole store occupy on the store's local tiers."""
+    """What the run of ``report`` and the whole store occupy on the store's local tiers.
+
+    The run's bytes include its diverged sibling run (``<run>-diverged``), which
+    the demo writes too.
+    """
     store = open_store(report.store)
     roots = [t.root for t in store.tiers if isinstance(t, LocalTier)]
+    runs = [report.run] + ([report.diverged.run] if report.diverged is not None else [])
     return DiskUse(
-        run_bytes=sum(_du(root / report.run) for root in roots),
+        run_bytes=sum(_du(root / run) for root in roots for run in runs),
         store_bytes=sum(_du(root) for root in roots),
     )
 

@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument(
         "--port",
-        type=integer(0),
+        type=integer(0, 65535),  # a TCP port; bind() would fail with a traceback past it
         default=DEFAULT_PORT,
         help=f"port to bind (default {DEFAULT_PORT}; 0: any free port)",
     )

@@ -13,6 +13,7 @@ except ``/api/datasets`` which opens each named dataset's manifest):
                                                       ``offset``, ``limit`` (<= 500), ``order``
 ``GET /api/checkpoints/{run}/{step}``                 one row
 ``GET /api/timeline?run=R&limit=N``                   the run's newest N recorded saves
+                                                      (default run: the one with the most)
 ``GET /api/pending?limit=N``                          what ``gc`` would do now, with reasons
                                                       (the first N, oldest first; totals)
 ``GET /api/datasets``, ``GET /api/kvcache``           the datasets and KV caches given
@@ -24,8 +25,10 @@ except ``/api/datasets`` which opens each named dataset's manifest):
 **Mutations** are refused (403) unless the application was built with a token
 (``mouthguard serve --allow-mutations`` and ``$MOUTHGUARD_SERVE_TOKEN``); then
 every ``POST`` must carry ``Authorization: Bearer <token>`` (401 otherwise),
-compared in constant time. A header cannot be set by a cross-site form, so the
-token also stops cross-site requests. The page asks for the token and keeps it
+compared in constant time, before any byte of the body is read; the body is
+then read only up to 4 KiB (413 past it, or when a longer one is announced). A
+header cannot be set by a cross-site form, so the token also stops cross-site
+requests. The page asks for the token and keeps it
 in the tab's memory only.
 
 **Hosts.** Served on loopback, only loopback host names are answered (400
@@ -55,6 +58,7 @@ from starlette.staticfiles import StaticFiles
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo
+from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.dashboard import metrics
 from mouthguard.dashboard.cache import SnapshotCache
 from mouthguard.dashboard.datasets import KVStats, dataset_rows, kvcache_rows
@@ -118,32 +122,58 @@ def create_app(
         Route("/api/pending", _json(api.pending)),
         Route("/api/datasets", _json(api.datasets)),
         Route("/api/kvcache", _json(api.kvcache)),
-        Route("/api/checkpoints/{run}/{step:int}/{verb}", _json(api.mutate), methods=["POST"]),
+        Route(
+            "/api/checkpoints/{run}/{step:int}/{verb}",
+            _json(api.mutate, authorize=api.authorize),
+            methods=["POST"],
+        ),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
     return Starlette(routes=routes, middleware=middleware)
 
 
-def _json(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+def _json(
+    handler: Callable[[Request], Any], *, authorize: Callable[[Request], None] | None = None
+) -> Callable[[Request], Any]:
     """Wrap an API handler: its value as JSON, an :class:`ApiError` as ``{"error"}``.
 
     Handlers are synchronous (they read files, or take the snapshot's lock);
-    Starlette runs them in its thread pool through ``run_in_threadpool``.
+    Starlette runs them in its thread pool through ``run_in_threadpool``. A
+    ``POST`` is first checked by ``authorize`` from its headers alone; only then is its
+    body read, never past :data:`MAX_BODY` bytes: a client without the token
+    cannot make the server buffer anything, and one with it at most 4 KiB.
     """
 
     async def endpoint(request: Request) -> Response:
-        body = await request.body() if request.method == "POST" else b""
-        if len(body) > MAX_BODY:
-            return JSONResponse({"error": f"body over {MAX_BODY} bytes"}, status_code=413)
-        request.state.body = body
         try:
+            if authorize is not None:
+                authorize(request)
+            request.state.body = await _capped_body(request) if request.method == "POST" else b""
             value = await run_in_threadpool(handler, request)
         except ApiError as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         return JSONResponse(value, headers={"Cache-Control": "no-store"})
 
     return endpoint
+
+
+async def _capped_body(request: Request) -> bytes:
+    """The request body, read only while it stays within :data:`MAX_BODY` bytes.
+
+    Raises:
+        ApiError: 413 as soon as the declared length or the bytes received pass it.
+    """
+    too_big = ApiError(413, f"body over {MAX_BODY} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise too_big  # (the HTTP server has already refused a malformed length)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise too_big
+    return bytes(body)
 
 
 class _Api:
@@ -197,7 +227,7 @@ class _Api:
         snapshot = self.cache.latest()
         limit = _integer(q, "limit", 1000, 1, MAX_TIMELINE)
         saved = [r for r in snapshot.rows if r["save"] is not None]
-        run = q.get("run") or (max(saved, key=lambda r: r["created"])["run"] if saved else None)
+        run = q.get("run") or _busiest_run(saved)
         points = [
             {
                 "step": r["step"],
@@ -239,13 +269,15 @@ class _Api:
         return kvcache_rows(self.sources.kvcache)
 
     def mutate(self, request: Request) -> Row:
-        self._authorize(request)
+        """Apply one mutation; the caller has already run :meth:`authorize`."""
         run, step, verb = (request.path_params[k] for k in ("run", "step", "verb"))
         body = _body(request.state.body)
         try:
             catalog.validate_run(run)
             catalog.validate_step(step)
-            ckpt = Checkpointer(self.cache.store, run, background=False)
+            # This process alone: embedded in rank 0 of a job, a request thread must
+            # never join (or build) a process group the other ranks are not in.
+            ckpt = Checkpointer(self.cache.store, run, background=False, group=RankGroup())
             if ckpt.info(step, missing_ok=True) is None:
                 raise ApiError(404, f"no readable checkpoint {run} step {step}")
             result = self._apply(ckpt, step, verb, body)
@@ -271,7 +303,8 @@ class _Api:
             return {"done": True, **_facts(info)}
         raise ApiError(404, f"no action {verb!r}: hold, release or importance")
 
-    def _authorize(self, request: Request) -> None:
+    def authorize(self, request: Request) -> None:
+        """Refuse (403/401) unless mutations are enabled and the request carries the token."""
         if self.token is None:
             raise ApiError(
                 403, "read-only: start mouthguard serve with --allow-mutations to change facts"
@@ -281,6 +314,20 @@ class _Api:
         valid = hmac.compare_digest(credential.strip().encode(), self.token.encode())
         if scheme.lower() != "bearer" or not valid:
             raise ApiError(401, "a valid 'Authorization: Bearer <token>' header is required")
+
+
+def _busiest_run(saved: Sequence[Row]) -> str | None:
+    """The run with the most recorded saves, the newest save breaking ties (None: no saves).
+
+    Not simply the run of the newest save: a two-save side run (a diverged branch,
+    an evaluation) would hide the training run the page is opened to watch.
+    """
+    counts: dict[str, int] = {}
+    newest: dict[str, str] = {}
+    for r in saved:
+        counts[r["run"]] = counts.get(r["run"], 0) + 1
+        newest[r["run"]] = max(newest.get(r["run"], ""), r["created"] or "")
+    return max(counts, key=lambda run: (counts[run], newest[run]), default=None)
 
 
 def _facts(info: CheckpointInfo) -> Row:

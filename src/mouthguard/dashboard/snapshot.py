@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import SaveTiming
 from mouthguard.jobs.retention import plan_retention
 from mouthguard.policy.retention import RetentionDecision
+from mouthguard.tiers.base import Tier
+from mouthguard.tiers.local import LocalTier
+from mouthguard.tiers.wrapper import WrappedTier
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,9 @@ class Snapshot:
         source: the store's description (its directory or configuration file).
         taken_at: when the read started (UTC, from the injected clock).
         build_seconds: how long reading and judging took (monotonic clock).
-        tiers: each tier's name, failure domain, durability and location.
+        tiers: each tier's name, failure domain, durability and location, whether
+            it answers (``health``: ``ok`` or ``unreachable: ...``) and, for a
+            local tier, its filesystem's free and total bytes (else None).
         rows: one row per checkpoint, sorted by (run, step) (see :func:`_row`).
         pending: the copy actions retention would take now, other than a plain
             keep: ``trash``, ``purge``, ``demote`` or ``restore`` (a trash mark
@@ -155,14 +161,42 @@ def take_snapshot(
 
 
 def _tier_row(store: Store, index: int) -> Row:
+    """A tier as its card shows it: what it is, whether it answers, its free space."""
     tier = store.tiers[index]
+    try:
+        # Any lookup proves the tier answers; a name no checkpoint can have.
+        tier.exists(_PROBE)
+        health = "ok"
+    except MouthguardError as exc:
+        health = f"unreachable: {exc}"
+    free, total = _disk_space(tier)
     return {
         "name": tier.name,
         "domain": tier.domain,
         "durable": tier.capabilities.durable,
         "fast": index == 0,
         "location": tier.location(),
+        "health": health,
+        "free_bytes": free,
+        "total_bytes": total,
     }
+
+
+#: The key the health probe looks up (never written).
+_PROBE = "mouthguard-health-probe"
+
+
+def _disk_space(tier: Tier) -> tuple[int | None, int | None]:
+    """Free and total bytes of a local tier's filesystem (through wrappers); None elsewhere."""
+    while isinstance(tier, WrappedTier):
+        tier = tier.inner
+    if not isinstance(tier, LocalTier):
+        return None, None  # an object store has no free space to speak of
+    try:
+        usage = shutil.disk_usage(tier.root)
+    except OSError:
+        return None, None
+    return usage.free, usage.total
 
 
 def _iso(when: dt.datetime | None) -> str | None:
@@ -195,6 +229,8 @@ def _row(
         "step": info.step,
         "importance": info.importance.value,
         "state": info.state,
+        # Intact bytes, a state a check refused: the one word and its reason, as ls says it.
+        "suspect": info.suspect or None,
         "held": bool(info.holds),
         "holds": list(info.holds),
         "created": _iso(info.created),
@@ -226,6 +262,7 @@ def _unreadable_row(item: UnreadableCheckpoint) -> Row:
         "step": item.step,
         "importance": None,
         "state": item.state,
+        "suspect": None,
         "held": False,
         "holds": [],
         "created": None,

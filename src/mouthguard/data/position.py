@@ -109,10 +109,10 @@ def restore(saved: Position, current: Position, rank_length: int, *, force: bool
     """
     if saved.fingerprint != current.fingerprint:
         if not force:
-            raise DatasetChangedError(
-                f"the saved data position is in dataset {saved.fingerprint}, but the dataset "
-                f"now is {current.fingerprint}: refusing to resume on other data "
-                "(load_state_dict(..., force=True) resumes anyway, at the same epoch and count)"
+            raise DatasetChangedError.refusing(
+                saved.fingerprint,
+                current.fingerprint,
+                resume_with="the loader's load_state_dict(..., force=True)",
             )
         log.warning(
             "resuming a data position of dataset %s on dataset %s (forced)",

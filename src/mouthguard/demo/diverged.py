@@ -6,7 +6,8 @@ of a dead model. Here the resumed run's final state is saved as a sibling run
 ``<run>-diverged`` (step ``N``), then again with one weight set to NaN (step
 ``N + 1``, saved without a guard, as a job that did not look would). A resume
 with ``load(check=mouthguard.checks.finite())`` rejects ``N + 1``, marks it
-suspect in the store (``mouthguard ls`` shows why) and returns ``N``.
+suspect in the store (``mouthguard ls`` shows why) and returns ``N``. Step
+``N`` of the sibling run is then replicated like every other checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mouthguard.checkpoint.store import Store
 from mouthguard.checks import finite
 from mouthguard.errors import CheckpointFallbackWarning
 from mouthguard.format.state_tree import iter_tensors
+from mouthguard.jobs.replicator import Replicator
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ def diverge_and_resume(store: Store, run: str) -> DivergedRecord:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CheckpointFallbackWarning)
         resumed = ckpt.load(check=finite())
+    # The side run is the store's like any other: its sound checkpoint is protected
+    # before the page is shown (the suspect one is, rightly, never protected).
+    Replicator(store).replicate(sibling, good)
     info = ckpt.info(bad)
     said = [str(w.message) for w in caught if issubclass(w.category, CheckpointFallbackWarning)]
     return DivergedRecord(

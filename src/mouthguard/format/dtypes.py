@@ -34,6 +34,9 @@ _CODES: dict[str, tuple[str, int]] = {
     "C64": ("complex64", 8),
     "F8_E4M3": ("float8_e4m3fn", 1),
     "F8_E5M2": ("float8_e5m2", 1),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1),
+    "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1),
+    "F8_E8M0": ("float8_e8m0fnu", 1),
 }
 
 
@@ -42,7 +45,10 @@ def _torch_dtypes() -> dict[str, torch.dtype]:
     """The torch dtype of each code; torch is imported on the first tensor conversion."""
     import torch  # noqa: PLC0415 - only code paths that build tensors pay for torch
 
-    return {code: getattr(torch, name) for code, (name, _) in _CODES.items()}
+    # A torch too old for a dtype simply cannot build such tensors (torch_dtype says so).
+    return {
+        code: getattr(torch, name) for code, (name, _) in _CODES.items() if hasattr(torch, name)
+    }
 
 
 @functools.cache
@@ -67,7 +73,16 @@ def torch_dtype(code: str) -> torch.dtype:
     try:
         return _torch_dtypes()[code]
     except (KeyError, TypeError):
+        if isinstance(code, str) and code in _CODES:
+            raise FormatError(
+                f"tensor dtype {code} needs torch.{_CODES[code][0]}, which this torch lacks"
+            ) from None
         raise FormatError(f"unknown tensor dtype code {code!r}") from None
+
+
+def is_known_code(code: object) -> bool:
+    """Whether ``code`` is a safetensors dtype code this module maps (``"F8_E8M0"``...)."""
+    return isinstance(code, str) and code in _CODES
 
 
 def itemsize(code: str) -> int:

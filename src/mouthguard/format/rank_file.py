@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mouthguard.errors import FormatError, RankFileError
 from mouthguard.format import strict_json
-from mouthguard.format.dtypes import itemsize, validate_shape
+from mouthguard.format.dtypes import is_known_code, itemsize, validate_shape
 
 if TYPE_CHECKING:
     import torch
@@ -135,11 +135,18 @@ def read_header_length(prefix: bytes, file_size: int) -> int:
     return 8 + int(length)
 
 
-def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], dict[str, str]]:
+def parse_header(
+    head: bytes, file_size: int, *, unknown_dtypes: bool = False
+) -> tuple[tuple[TensorEntry, ...], dict[str, str]]:
     """Parse and validate the header bytes ``[0, data_offset)`` of a rank file.
 
     Checks what safetensors readers check (contiguous, exactly covering data,
     lengths matching dtype and shape) so that a file we accept is one they accept.
+    With ``unknown_dtypes`` (a model file from elsewhere, of which a caller may
+    want only some tensors), a tensor whose dtype code is not one
+    :mod:`~mouthguard.format.dtypes` maps is accepted with the length its
+    offsets give -- everything else about it still checked -- and it is the
+    caller's to refuse it if it is wanted.
 
     Returns:
         The tensor entries sorted by offset, and the ``__metadata__`` map.
@@ -169,7 +176,10 @@ def parse_header(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], 
     metadata = _string_map(raw.pop(_METADATA_KEY, {}))
     if metadata is None:
         raise RankFileError("rank file __metadata__ must map strings to strings")
-    entries = [_parse_entry(name, info, data_offset) for name, info in raw.items()]
+    entries = [
+        _parse_entry(name, info, data_offset, unknown_dtypes=unknown_dtypes)
+        for name, info in raw.items()
+    ]
     entries.sort(key=lambda e: (e.offset, e.end))
     cursor = data_offset
     for entry in entries:
@@ -191,7 +201,9 @@ def _string_map(value: strict_json.JsonValue) -> dict[str, str] | None:
     return strings if len(strings) == len(value) else None
 
 
-def _parse_entry(name: object, info: object, data_offset: int) -> TensorEntry:
+def _parse_entry(
+    name: object, info: object, data_offset: int, *, unknown_dtypes: bool
+) -> TensorEntry:
     if not isinstance(name, str) or not isinstance(info, dict):
         raise RankFileError(f"malformed header entry {name!r}")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
@@ -208,10 +220,13 @@ def _parse_entry(name: object, info: object, data_offset: int) -> TensorEntry:
         or offsets[1] < offsets[0]
     ):
         raise RankFileError(f"tensor {name!r}: malformed data_offsets {offsets!r}")
-    try:
-        length = expected_length(dtype, shape)
-    except FormatError as exc:
-        raise RankFileError(f"tensor {name!r}: {exc}") from None
+    if unknown_dtypes and not is_known_code(dtype):
+        length = offsets[1] - offsets[0]  # no item size to check it against
+    else:
+        try:
+            length = expected_length(dtype, shape)
+        except FormatError as exc:
+            raise RankFileError(f"tensor {name!r}: {exc}") from None
     if offsets[1] - offsets[0] != length:
         raise RankFileError(f"tensor {name!r}: data_offsets span does not match dtype and shape")
     return TensorEntry(name, dtype, tuple(shape), data_offset + offsets[0], length)

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ from typing_extensions import override
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.store import Store
-from mouthguard.errors import FormatError
+from mouthguard.errors import FormatError, UnsignedRestoreWarning
 from mouthguard.integrations.dir_files import check_relative, read_dir, write_dir
 from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule
 from mouthguard.policy.importance import Importance, parse_importance
@@ -167,21 +169,46 @@ def restore(
         store: the store the callback saved to.
         run: the run's name.
         dest: the ``Trainer``'s output directory (created if needed).
-        step: the mouthguard step; ``None`` takes the newest valid checkpoint,
-            falling back past damaged ones with a ``CheckpointFallbackWarning``.
+        step: the mouthguard step to resume from; ``None`` takes the newest. When
+            it is damaged, suspect or gone, the newest valid checkpoint before it
+            is restored instead, with a ``CheckpointFallbackWarning`` (never a
+            newer one, never a suspect one).
 
     Raises:
-        NoValidCheckpointError: ``step=None`` and no checkpoint of ``run`` is valid.
-        CorruptCheckpointError: every copy of ``step`` is damaged.
+        CheckpointNotFoundError: no checkpoint of ``run`` (at or before ``step``)
+            is committed.
+        NoValidCheckpointError: none of them is valid.
         FileExistsError: ``dest/checkpoint-N`` exists already (nothing is overwritten).
         FormatError: the checkpoint was not written by :class:`MouthguardCallback`.
+
+    Warns:
+        UnsignedRestoreWarning: the store has no manifest key and the restored
+            directory holds files the ``Trainer`` unpickles (``optimizer.pt``,
+            ``rng_state.pth``...).
     """
     checkpointer = Checkpointer(store, run, background=False, group=RankGroup())
-    loaded = checkpointer.load(step)
+    loaded = checkpointer.load(at_or_before=step)
     state = loaded.state
     if not isinstance(state, dict) or not isinstance(state.get("hf"), dict):
         raise FormatError(f"{run} step {loaded.step} is not a Hugging Face Trainer checkpoint")
     name = check_relative(state["hf"].get("checkpoint_dir"))
     if "/" in name:
         raise FormatError(f"{run} step {loaded.step}: checkpoint directory {name!r} is not a name")
-    return write_dir(state.get("files"), Path(dest) / name)
+    files = state.get("files")
+    pickled = sorted(
+        str(f) for f in (files if isinstance(files, dict) else {}) if _PICKLED.search(str(f))
+    )
+    if pickled and checkpointer.manifest_keys is None:
+        warnings.warn(
+            f"{run} step {loaded.step} comes from an unsigned store, and the Trainer will "
+            f"unpickle {', '.join(pickled[:4])}{' ...' if len(pickled) > 4 else ''} on resume: "
+            "anyone who could write the store could have planted them. Set a manifest key "
+            "($MOUTHGUARD_MANIFEST_KEY) so that only signed checkpoints are restored",
+            UnsignedRestoreWarning,
+            stacklevel=2,
+        )
+    return write_dir(files, Path(dest) / name)
+
+
+#: Files a ``Trainer`` (through ``torch.load``) unpickles on resume.
+_PICKLED = re.compile(r"\.(pt|pth|bin|pkl|pickle)$")

@@ -23,15 +23,20 @@ Contracts:
   on the CPU, as Lightning's own loader with its default ``map_location``). A
   damaged or missing checkpoint falls back to the newest valid one saved before
   it, with a :class:`~mouthguard.errors.CheckpointFallbackWarning`.
+* ``LightningModule.load_from_checkpoint(path)`` cannot read a pointer (it
+  unpickles the file): :func:`load_from_checkpoint` ``(Model, store, path)`` is
+  the same call for one.
 * :func:`restore_pointers` writes the pointers again into a checkpoint directory
   that was lost with its machine; the checkpoints never left the store.
 * ``remove_checkpoint(path)`` removes the pointer and puts the checkpoint in the
-  store's trash -- never a held or critical one
-  (:func:`~mouthguard.integrations.recovery.give_up`).
+  store's trash, released by its trainer -- never a held or critical one
+  (:func:`~mouthguard.integrations.recovery.give_up`). A checkpoint superseded
+  under its path but left live by a killed run is given up on the next start.
 * Importance, by default (:func:`default_importance`): the current best of a
   ``ModelCheckpoint`` with a ``monitor`` is ``critical`` (the previous best is
-  demoted once the new one has committed), a save at the end of a training epoch
-  is ``milestone``, anything else ``routine``. ``importance=`` overrides it with
+  demoted to ``routine`` once the new one has committed), anything else --
+  top-k files, ``last.ckpt``, epoch ends -- ``routine``: milestones only where
+  asked, so ``save_top_k`` bounds what the store keeps. ``importance=`` overrides it with
   a level or a callable ``(checkpoint, path) -> level``; ``trainer.save_checkpoint(
   path, storage_options={"importance": "critical"})`` overrides it for one save.
 
@@ -43,6 +48,7 @@ there. Paths are local paths (the pointer is a local file).
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections import OrderedDict
@@ -65,7 +71,6 @@ from mouthguard.errors import (
     UnsupportedStateError,
 )
 from mouthguard.integrations.pointer import Pointer, read_pointer, remove_pointer, write_pointer
-from mouthguard.integrations.recovery import load_at_or_before
 from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule
 from mouthguard.policy.importance import Importance, parse_importance
 
@@ -95,6 +100,7 @@ class CheckpointIO(_LightningCheckpointIO):
         super().__init__()
         self.saves = TrainerSaves(store, run, background=background)
         self._rule = as_rule(importance)
+        self._leftovers_done = False
 
     @property
     def checkpointer(self) -> Checkpointer:
@@ -112,6 +118,7 @@ class CheckpointIO(_LightningCheckpointIO):
             MouthguardError: the previous save failed (its own error).
             TypeError: ``storage_options`` is not ``None`` or ``{"importance": level}``.
         """
+        self._finish_leftovers()
         where = str(path)
         level, best_of = self._importance(checkpoint, where, storage_options)
         global_step = int(checkpoint.get("global_step", 0))
@@ -123,7 +130,7 @@ class CheckpointIO(_LightningCheckpointIO):
                 level,
                 reference=_reference(checkpoint, where),
                 best_of=best_of,
-                otherwise=_epoch_level(checkpoint),
+                otherwise=Importance.ROUTINE,
                 replaces=replaced,
             )
         except UnsupportedStateError as exc:
@@ -144,19 +151,25 @@ class CheckpointIO(_LightningCheckpointIO):
         ``map_location`` and ``weights_only`` are accepted for Lightning's sake:
         tensors come back on the CPU, and nothing is ever unpickled.
 
+        A checkpoint marked suspect (its state failed a check) is passed over like
+        a damaged one, as is one deleted while the load walks back.
+
         Raises:
-            CheckpointNotFoundError: nothing is at ``path``.
+            CheckpointNotFoundError: nothing is at ``path``, or no checkpoint of its
+                run at or before its step is committed.
             FormatError: the file at ``path`` is not a mouthguard pointer.
             NoValidCheckpointError: neither it nor an older checkpoint is valid.
         """
         self.saves.settle()
+        self.saves.wait_for_peers()  # a save of another CheckpointIO may name this path
+        self._finish_leftovers()
         pointer = read_pointer(path)
         checkpointer = self.checkpointer
         if pointer.run != self.saves.run:
             checkpointer = Checkpointer(
                 checkpointer.store, pointer.run, background=False, group=RankGroup()
             )
-        loaded = load_at_or_before(checkpointer, pointer.step)
+        loaded = checkpointer.load(at_or_before=pointer.step)
         state = loaded.state
         if not isinstance(state, dict):
             raise UnsupportedStateError(
@@ -194,6 +207,31 @@ class CheckpointIO(_LightningCheckpointIO):
         """Wait for the save in flight and raise its error; free the staging buffer."""
         self.saves.close()
 
+    def _finish_leftovers(self) -> None:
+        """Once, on first use: give up what a killed run superseded but never gave up.
+
+        A save under a name already used gives the older checkpoint up only once
+        the new one has committed; a run killed in between leaves it live. Here a
+        checkpoint is given up when the pointer at the path Lightning saved it
+        under now names a newer, committed step of this run -- and only then: a
+        missing pointer (a checkpoint directory lost with its machine) proves
+        nothing.
+        """
+        if self._leftovers_done:
+            return
+        self._leftovers_done = True
+        checkpointer = self.checkpointer
+        for info in checkpointer.list():
+            if info.state == "trashed" or info.importance is Importance.CRITICAL:
+                continue
+            path = _saved_path(checkpointer, info.step)
+            newer = self._replaced(path) if path else None
+            # Only once the newer one is committed: a save still in flight may fail.
+            if newer is not None and newer > info.step and checkpointer.exists(newer):
+                self.saves.give_up(
+                    info.step, f"superseded by step {newer} under the same name (found on start)"
+                )
+
     def _replaced(self, path: str) -> int | None:
         """The step of this run that a pointer at ``path`` refers to now, if any."""
         try:
@@ -226,7 +264,43 @@ class CheckpointIO(_LightningCheckpointIO):
             except MouthguardError:  # gone, or not ours: nothing to demote later
                 continue
             if pointer.run == self.saves.run:
-                self.saves.note_best(key, pointer.step, Importance.MILESTONE)
+                self.saves.note_best(key, pointer.step, Importance.ROUTINE)
+
+
+def load_from_checkpoint(
+    cls: type[Any],
+    store: Store | str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    **kwargs: Any,
+) -> Any:
+    """``cls.load_from_checkpoint(path)`` for a mouthguard pointer at ``path``.
+
+    Lightning's own ``LightningModule.load_from_checkpoint`` runs ``torch.load`` on
+    the file it is given, so on a pointer it fails with an unpickling error. This
+    loads the checkpoint from ``store`` (verified; the newest valid one at or
+    before it, as a resume would) and hands it to Lightning's classmethod as an
+    in-memory stream with ``weights_only=True``: only bytes made here from the
+    verified state are unpickled, by the restricted unpickler, never anything
+    read from storage. ``kwargs`` go to ``cls.load_from_checkpoint``
+    (``strict``, hyper-parameter overrides, ...).
+
+    Raises:
+        CheckpointNotFoundError: nothing is at ``path``, or nothing loadable is stored.
+        FormatError: the file at ``path`` is not a mouthguard pointer.
+    """
+    import torch  # noqa: PLC0415 - torch is loaded already wherever a module is built
+
+    pointer = read_pointer(path)
+    plugin = CheckpointIO(store, run=pointer.run, background=False)
+    try:
+        checkpoint = plugin.load_checkpoint(path)
+    finally:
+        plugin.teardown()
+    stream = io.BytesIO()
+    torch.save(checkpoint, stream)
+    stream.seek(0)
+    kwargs.setdefault("weights_only", True)
+    return cls.load_from_checkpoint(stream, **kwargs)
 
 
 def restore_pointers(
@@ -257,8 +331,8 @@ def restore_pointers(
     return written
 
 
-def _saved_name(checkpointer: Checkpointer, step: int) -> str | None:
-    """The file name Lightning saved ``step`` under (its reference values), if readable."""
+def _saved_path(checkpointer: Checkpointer, step: int) -> str | None:
+    """The path Lightning saved ``step`` under (its reference values), if readable."""
     for tier in catalog.tiers_holding(checkpointer.store.tiers, checkpointer.run, step):
         try:
             manifest = read_manifest(tier, checkpointer.run, step, checkpointer.manifest_keys)
@@ -266,11 +340,15 @@ def _saved_name(checkpointer: Checkpointer, step: int) -> str | None:
             continue
         reference = manifest.reference
         path = reference.get("lightning_path") if isinstance(reference, dict) else None
-        if not isinstance(path, str) or not path:
-            return None
-        name = Path(path).name
-        return name if name not in ("", ".", "..") else None
+        return path if isinstance(path, str) and path else None
     return None
+
+
+def _saved_name(checkpointer: Checkpointer, step: int) -> str | None:
+    """The file name Lightning saved ``step`` under (its reference values), if readable."""
+    path = _saved_path(checkpointer, step)
+    name = Path(path).name if path else ""
+    return name if name not in ("", ".", "..") else None
 
 
 def default_importance(checkpoint: Mapping[str, Any], path: str) -> tuple[Importance, str | None]:
@@ -278,14 +356,13 @@ def default_importance(checkpoint: Mapping[str, Any], path: str) -> tuple[Import
 
     * ``critical``: ``path`` is the ``best_model_path`` of a ``ModelCheckpoint``
       with a ``monitor`` (Lightning updates it before saving the new best);
-    * ``milestone``: the save closes a training epoch (the epoch loop's last batch
-      is done);
-    * ``routine``: anything else.
+    * ``routine``: anything else (``milestone`` only where asked: ``importance=``
+      or ``storage_options``).
     """
     for key, best in _monitored_bests(checkpoint):
         if os.path.normpath(best) == os.path.normpath(path):
             return Importance.CRITICAL, key
-    return _epoch_level(checkpoint), None
+    return Importance.ROUTINE, None
 
 
 def _monitored_bests(checkpoint: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -301,16 +378,6 @@ def _monitored_bests(checkpoint: Mapping[str, Any]) -> list[tuple[str, str]]:
         if isinstance(best, str) and best:
             found.append((str(key), best))
     return found
-
-
-def _epoch_level(checkpoint: Mapping[str, Any]) -> Importance:
-    """``milestone`` for a save that closes a training epoch, else ``routine``."""
-    loops = checkpoint.get("loops")
-    fit_loop = loops.get("fit_loop") if isinstance(loops, Mapping) else None
-    progress = fit_loop.get("epoch_loop.batch_progress") if isinstance(fit_loop, Mapping) else None
-    if isinstance(progress, Mapping) and progress.get("is_last_batch") is True:
-        return Importance.MILESTONE
-    return Importance.ROUTINE
 
 
 def _reference(checkpoint: Mapping[str, Any], path: str) -> dict[str, object]:

@@ -24,12 +24,18 @@ Contracts:
   best of the same rule is demoted to the level it would have had otherwise, so
   a run does not pile up critical checkpoints that retention may never delete.
   If the new best fails to commit, the previous one stays critical.
+* **Saves of other instances.** :meth:`TrainerSaves.wait_for_peers` waits for
+  the save in flight of every other instance in this process on the same store
+  and run (a second Trainer, or ``trainer.save_checkpoint(p)`` followed by a new
+  Trainer's ``fit(ckpt_path=p)``): the pointer names a step that is committed by
+  the time a load reads it. Their errors stay with them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +73,7 @@ class TrainerSaves:
         self, store: Store | str | os.PathLike[str], run: str, *, background: bool | None = None
     ) -> None:
         self.checkpointer = Checkpointer(store, run, background=background, group=RankGroup())
+        _INSTANCES.add(self)
         self._pending: SaveHandle | None = None
         self._after_commit: list[Callable[[], None]] = []
         self._last_step: int | None = None
@@ -125,6 +132,15 @@ class TrainerSaves:
             self._after_commit.append(lambda: self.give_up(replaces, why))
         return step
 
+    def wait_for_peers(self) -> None:
+        """Wait for the saves in flight of the other instances of this store and run."""
+        store, run = self.checkpointer.store, self.run
+        for other in list(_INSTANCES):
+            theirs = other.checkpointer.store
+            same = theirs is store or (bool(store.source) and theirs.source == store.source)
+            if other is not self and other.run == run and same:
+                other.checkpointer.flush()  # their errors are theirs to raise
+
     def give_up(self, step: int, reason: str) -> None:
         """Trash ``step`` unless held or critical (logged either way)."""
         log.info("%s", give_up(self.checkpointer, step, reason))
@@ -168,6 +184,10 @@ class TrainerSaves:
             self.settle()
         finally:
             self.checkpointer.close()
+
+
+#: Every live instance in this process (see "Saves of other instances").
+_INSTANCES: weakref.WeakSet[TrainerSaves] = weakref.WeakSet()
 
 
 #: A trainer integration's importance override: two trainer-specific arguments -> a level.

@@ -36,7 +36,7 @@ from mouthguard.checkpoint.sidecars import (
 )
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.verification import verify_and_record
-from mouthguard.errors import MouthguardError
+from mouthguard.errors import CheckpointExistsError, MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint
@@ -260,6 +260,15 @@ class Replicator:
                 good.remove(src)
                 reason = self._set_aside(CopyRef(src, run, step), str(exc), good)
                 report.shortfalls.append(Shortfall(run, step, f"source damaged: {reason}"))
+            except CheckpointExistsError as exc:
+                if _same_copy_made_meanwhile(src, dst, run, step):
+                    # Another replicator on this store (a second trainer's service)
+                    # committed it first: the copy exists, nothing fell short.
+                    log.info("%s step %d: %s made meanwhile, identical", run, step, dst.name)
+                    return None
+                reason = f"copy {src.name} -> {dst.name} failed: {exc}"
+                report.shortfalls.append(Shortfall(run, step, reason))
+                return None
             except MouthguardError as exc:
                 reason = f"copy {src.name} -> {dst.name} failed: {exc}"
                 report.shortfalls.append(Shortfall(run, step, reason))
@@ -368,3 +377,13 @@ class Replicator:
             if self.clock.monotonic() >= deadline:
                 return False
             self.clock.sleep(min(0.5, max(0.0, deadline - self.clock.monotonic())))
+
+
+def _same_copy_made_meanwhile(src: Tier, dst: Tier, run: str, step: int) -> bool:
+    """Whether ``dst`` now holds a copy with ``src``'s very manifest that reads back intact."""
+    key = catalog.manifest_key(run, step)
+    try:
+        same = dst.get(key) == src.get(key)
+    except MouthguardError:
+        return False
+    return same and verify_and_record(CopyRef(dst, run, step)).ok

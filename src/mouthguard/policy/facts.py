@@ -57,6 +57,9 @@ class CopyFacts:
         verified_at: when (unix seconds), if ever.
         trashed_at: when the copy was moved to the trash (unix seconds), or
             ``None`` if it is live. A trashed copy does not count as a copy.
+        damage_reported: a reader found the copy damaged (a damage report, not
+            yet confirmed or cleared): it is not verified whatever its receipt
+            says, and it counts toward no protection until it reads back intact.
     """
 
     tier: str
@@ -64,6 +67,7 @@ class CopyFacts:
     verified: bool = False
     verified_at: float | None = None
     trashed_at: float | None = None
+    damage_reported: bool = False
 
     @property
     def trashed(self) -> bool:
@@ -90,6 +94,15 @@ class CheckpointFacts:
             and none failed (a failed one makes it ``valid=False``).
         metrics: reported values such as ``{"loss": 1.23}`` (read-only copy).
         copies: one entry per tier holding a committed copy; tiers are unique.
+        suspect: why its state failed a semantic check ("" when none did). A
+            suspect checkpoint is known invalid whatever ``valid`` says: its bytes
+            may verify, but a resume skips it; every decision names it
+            ``suspect`` with this reason.
+        released: its trainer gave it up (every copy is in the trash under the
+            trainer's mark: Lightning's top-k dropped it). Retention keeps it
+            only by a hold, critical importance or as a recovery point, never
+            by keep-last, best-k or keep-within, so the store holds what the
+            trainer holds.
 
     Raises:
         ValueError: ``step`` is negative or two copies name the same tier.
@@ -104,6 +117,8 @@ class CheckpointFacts:
     metrics: Mapping[str, float] = field(default_factory=dict)
     copies: tuple[CopyFacts, ...] = ()
     checked: bool = False
+    suspect: str = ""
+    released: bool = False
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -122,8 +137,19 @@ class CheckpointFacts:
 
     @property
     def known_invalid(self) -> bool:
-        """The checkpoint was checked and cannot be loaded."""
-        return self.valid is False
+        """The checkpoint was checked and cannot be loaded, or its state is suspect."""
+        return self.valid is False or bool(self.suspect)
+
+    @property
+    def invalid_because(self) -> str:
+        """Why it is known invalid, in the one wording every report uses ("" if it is not).
+
+        ``suspect: <reason>`` for a state that failed a check (its bytes may well
+        verify), ``invalid: failed verification`` otherwise.
+        """
+        if self.suspect:
+            return f"suspect: {self.suspect}"
+        return "invalid: failed verification" if self.valid is False else ""
 
     @property
     def proven_valid(self) -> bool:
@@ -133,6 +159,8 @@ class CheckpointFacts:
         an unchecked checkpoint with a verified copy counts as valid; an explicit
         ``valid=False`` (e.g. reference values disagree) always wins.
         """
+        if self.suspect:
+            return False
         if self.valid is not None:
             return self.valid
         return any(c.verified and not c.trashed for c in self.copies)

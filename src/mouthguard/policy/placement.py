@@ -285,7 +285,8 @@ def protection_status(checkpoint: CheckpointFacts, placement: Placement) -> Prot
     A checkpoint is ``protected`` when it is not known to be invalid,
     ``required_copies`` replicas exist on counted tiers, spanning
     ``required_domains`` failure domains, each verified when the placement
-    requires verification, and every tier in ``every_tier`` holds one.
+    requires verification and none with a damage report, and every tier in
+    ``every_tier`` holds one.
     Anything less is ``verified`` (some live copy verified), ``committed``
     (live copies, none verified) or ``missing`` (no live copy).
     """
@@ -293,7 +294,9 @@ def protection_status(checkpoint: CheckpointFacts, placement: Placement) -> Prot
     if not live:
         return Protection("missing", (), ("no live copy: none committed, or every copy trashed",))
     counted_tiers = set(placement.counted_tiers)
-    eligible = [c for c in live if c.tier in counted_tiers]
+    # A copy a reader reported damaged protects nothing until it reads back intact,
+    # whatever receipt sits beside the report.
+    eligible = [c for c in live if c.tier in counted_tiers and not c.damage_reported]
     replicas = [c for c in eligible if c.verified or not placement.verify]
     kind = "verified replica" if placement.verify else "replica"
     listed = ", ".join(f"{c.tier}" for c in replicas) or "none"
@@ -310,6 +313,9 @@ def protection_status(checkpoint: CheckpointFacts, placement: Placement) -> Prot
             if placement.verify and unverified
             else ""
         )
+        reported = [c.tier for c in live if c.damage_reported]
+        if reported:
+            pending += f" (damage reported, not counted: {', '.join(reported)})"
         missing.append(f"only {len(replicas)} of {required} required {kind}s: {listed}{pending}")
     if placement.required_domains > 1:
         domains = sorted({c.domain for c in replicas})
@@ -318,7 +324,10 @@ def protection_status(checkpoint: CheckpointFacts, placement: Placement) -> Prot
             met.append(f"{kind}s span {spread}, required {placement.required_domains}")
         else:
             missing.append(f"{kind}s span only {spread}, required {placement.required_domains}")
-    if checkpoint.known_invalid:
+    if checkpoint.suspect:
+        # Intact copies of a state a resume skips protect no resume, however many.
+        missing.append(f"suspect: {checkpoint.suspect} (a resume skips it)")
+    elif checkpoint.known_invalid:
         # Copies of a checkpoint that cannot be loaded protect nothing, however many.
         missing.append("the checkpoint failed verification: its copies cannot be loaded")
     holders = {c.tier for c in replicas}

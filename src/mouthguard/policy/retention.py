@@ -31,7 +31,10 @@ that does, in this fixed order:
 Invalid checkpoints (``valid=False``) are kept only by rules 1 and 2: they are
 never counted by keep-last or best-K, so a corrupt save never pushes a good one
 out. Unchecked checkpoints (``valid=None``) count as valid for rules 4-6: a
-fresh save is unchecked and must not be dropped for that.
+fresh save is unchecked and must not be dropped for that. Checkpoints their
+trainer gave up (``released``: Lightning's top-k dropped them) take no part in
+rules 4-6 either: only rules 1-3 keep them, so the store holds what the trainer
+holds.
 
 Pinning on the fast tier is decided here too, because it needs the whole run:
 the ``fast_keep_newest`` newest kept, not-invalid checkpoints above transient,
@@ -125,22 +128,26 @@ def _decide_run(
     # Newest first: every "the last N" rule counts from the newest end.
     candidates = [c for c in reversed(ckpts) if not c.known_invalid]
     recovery = _recovery_points(run, candidates)
-    kept_by, dropped_by = _keep_last(run, candidates, config)
+    # What its trainer gave up is kept only as a recovery point (or by rules 1-2).
+    wanted = [c for c in candidates if not c.released]
+    kept_by, dropped_by = _keep_last(run, wanted, config)
     keep: dict[int, list[str]] = {c.step: [] for c in ckpts}
     for rule in (
         _guards(ckpts, config),
         list(recovery.items()),
         kept_by,
-        _best(candidates, config),
-        _within(candidates, config, now),
+        _best(wanted, config),
+        _within(wanted, config, now),
     ):
         for step, reason in rule:
             keep[step].append(reason)
     decisions = []
     for c in ckpts:
         reasons = keep[c.step] or [
-            "invalid: failed verification; only a hold or critical importance keeps it"
+            f"{c.invalid_because}; only a hold or critical importance keeps it"
             if c.known_invalid
+            else _RELEASED
+            if c.released
             else dropped_by[c.step]
         ]
         decisions.append(
@@ -153,6 +160,12 @@ def _decide_run(
             )
         )
     return _pin(run, ckpts, decisions, config)
+
+
+_RELEASED = (
+    "released by its trainer (e.g. Lightning's top-k dropped it): only a hold, critical "
+    "importance or being a recovery point keeps it"
+)
 
 
 def _guards(ckpts: list[CheckpointFacts], config: PolicyConfig) -> _Reasons:

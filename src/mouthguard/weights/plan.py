@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mouthguard.errors import WeightsError
-from mouthguard.format.dtypes import itemsize
+from mouthguard.format.dtypes import is_known_code, itemsize
 from mouthguard.format.rank_file import TensorEntry, parse_header, read_header_length
 from mouthguard.tiers.base import Tier
 from mouthguard.weights.sharding import Split, TensorParallel, slice_ranges
@@ -164,14 +164,16 @@ def plan_file(
 
     Raises:
         RankFileError: the header is malformed.
-        WeightsError: the source's index names a tensor the file does not hold.
+        WeightsError: the source's index names a tensor the file does not hold, or
+            a wanted tensor has a dtype code mouthguard does not map.
         TierError: the file cannot be read.
     """
     size = tier.head(file.key).size
     head = tier.get(file.key, 0, min(size, 8))
     data_offset = read_header_length(head, size)
     header = tier.get(file.key, 0, data_offset)
-    entries, _ = parse_header(header, size)
+    # A tensor of a dtype mouthguard cannot build is refused only if it is wanted.
+    entries, _ = parse_header(header, size, unknown_dtypes=True)
     names = {e.name for e in entries}
     if file.tensors is not None and not file.tensors <= names:
         missing = sorted(file.tensors - names)
@@ -182,6 +184,13 @@ def plan_file(
         if (file.tensors is None or e.name in file.tensors)
         and (include is None or any(fnmatch.fnmatchcase(e.name, p) for p in include))
     ]
+    unknown = [e for e in chosen if not is_known_code(e.dtype)]
+    if unknown:
+        listed = ", ".join(f"{e.name!r} ({e.dtype})" for e in unknown[:5])
+        raise WeightsError(
+            f"{file.name}: tensor(s) {listed} have a dtype mouthguard cannot load; "
+            "leave them out with include="
+        )
     wanted = []
     for entry in chosen:
         split = parallel.split_for(entry.name, entry.shape) if parallel is not None else None

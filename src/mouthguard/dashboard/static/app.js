@@ -62,6 +62,15 @@ function card(label, value, tone) {
     el("div", { class: "value" }, value), el("div", { class: "label" }, label));
 }
 
+function tierCard(t) {
+  // Name, domain, whether it answers, and (local tiers) free space.
+  const c = card("tier " + t.name, t.domain + (t.fast ? " (fast)" : ""), t.health === "ok" ? "" : "bad");
+  const free = t.free_bytes === null || t.free_bytes === undefined
+    ? "" : bytes(t.free_bytes) + " free of " + bytes(t.total_bytes) + "; ";
+  c.append(el("div", { class: "label", "data-tier-health": t.health }, free + t.health));
+  return c;
+}
+
 function renderSummary(s) {
   document.getElementById("source").textContent = s.source;
   document.getElementById("freshness").textContent =
@@ -77,7 +86,7 @@ function renderSummary(s) {
     card("damaged", s.by_state.damaged, s.by_state.damaged ? "bad" : ""),
     card("in trash", s.by_state.trashed),
     card("pending copy deletions", pending),
-    ...s.tiers.map((t) => card("tier " + t.name, t.domain + (t.fast ? " (fast)" : ""))),
+    ...s.tiers.map((t) => tierCard(t)),
   );
   const runs = document.querySelector("#runs tbody");
   runs.replaceChildren(...s.runs.map((r) => el("tr", { "data-run": r.run },
@@ -117,6 +126,11 @@ function copyCell(copies) {
 function stateCell(row) {
   const td = el("td", {}, el("span", { class: "state " + row.state, title: row.protection_missing.join("\n") }, row.state));
   if (row.held) td.append(" ", el("span", { class: "state held", title: row.holds.join(", ") }, "held"));
+  // Suspect: intact bytes a resume skips. The reason is shown, not only hovered.
+  if (row.suspect) {
+    td.append(" ", el("span", { class: "state suspect" }, "suspect"),
+      el("div", { class: "reason" }, row.suspect));
+  }
   return td;
 }
 
@@ -202,8 +216,12 @@ function renderTimeline(t) {
   };
   label(seconds(top), L - 4, T + 8, "end");
   label("0", L - 4, H - B, "end");
-  label(when(saves[0].created), L, H - 6);
-  label(when(saves[saves.length - 1].created), W - 10, H - 6, "end");
+  // Saves within one second would get the same label: then show milliseconds.
+  const first = saves[0].created, last = saves[saves.length - 1].created;
+  const fine = when(first) === when(last) && t1 > t0;
+  const stamp = (iso) => (fine ? new Date(iso).toISOString().replace("T", " ").slice(0, 23) + "Z" : when(iso));
+  label(stamp(first), L, H - 6);
+  if (t1 > t0) label(stamp(last), W - 10, H - 6, "end");
   saves.forEach((s, i) => {
     const left = x(times[i]);
     const bar = shape("rect", { class: "save", x: left, y: y(s.seconds), width: width, height: H - B - y(s.seconds), "data-step": s.step });
