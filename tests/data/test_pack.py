@@ -109,11 +109,17 @@ def test_source_must_be_a_directory(tmp_path: Path) -> None:
         pack(tmp_path / "missing", tmp_path / "out", "ds")
 
 
-def test_uppercase_extensions_are_packed_lowercased_when_asked(tmp_path: Path) -> None:
+def camera(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    """A folder of files as a camera names them."""
     src = tmp_path / "camera"
     src.mkdir()
-    (src / "IMG_0001.JPG").write_bytes(b"jpeg bytes")
-    (src / "IMG_0001.json").write_bytes(b"{}")
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    return src
+
+
+def test_uppercase_extensions_are_packed_lowercased_when_asked(tmp_path: Path) -> None:
+    src = camera(tmp_path, {"IMG_0001.JPG": b"jpeg bytes", "IMG_0001.json": b"{}"})
     with pytest.raises(SampleError, match="--lowercase-extensions"):
         pack(src, tmp_path / "out", "refused")
     manifest = pack(src, tmp_path / "out", "ds", lowercase_extensions=True)
@@ -124,10 +130,7 @@ def test_uppercase_extensions_are_packed_lowercased_when_asked(tmp_path: Path) -
 
 
 def test_members_that_collide_once_lowercased_are_refused(tmp_path: Path) -> None:
-    src = tmp_path / "camera"
-    src.mkdir()
-    (src / "x.JPG").write_bytes(b"upper")
-    (src / "x.jpg").write_bytes(b"lower")
+    src = camera(tmp_path, {"x.JPG": b"upper", "x.jpg": b"lower"})
     with pytest.raises(SampleError, match="both member 'jpg'"):
         pack(src, tmp_path / "out", "ds", lowercase_extensions=True)
 
