@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mouthguard.data import StreamingDataset, open_dataset
+from mouthguard.data.dataset import Dataset
 from mouthguard.errors import (
     DatasetChangedError,
     DataStateError,
@@ -248,3 +249,24 @@ def test_prefetch_yields_to_a_burst_but_the_consumer_never_waits(ds: Path, tmp_p
         burst.release.set()
     assert got == sorted(expected(N))
     assert burst.waits >= 1
+
+
+def test_indexes_are_parsed_once_per_dataset_object_and_again_by_a_new_one(
+    ds: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parses: list[str] = []
+    real = Dataset.read_index
+
+    def counted(self: Dataset, shard: Any) -> Any:
+        parses.append(shard.name)
+        return real(self, shard)
+
+    monkeypatch.setattr(Dataset, "read_index", counted)
+    shards = len(open_dataset(ds).manifest.shards)
+    first = StreamingDataset(ds, shuffle=False)
+    for _ in range(2):
+        assert [s["__key__"] for s in first] == sorted(expected())
+    assert len(parses) == shards  # the second pass parsed nothing
+    flip_byte(index_path(ds, 2), 30)  # damaged after the first object read it
+    with pytest.raises(ShardDamagedError, match="shard-000002"):
+        list(StreamingDataset(ds, shuffle=False))  # a new object reads and checks it again

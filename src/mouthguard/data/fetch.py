@@ -38,27 +38,42 @@ from mouthguard.data.verified import VerifiedFiles
 from mouthguard.errors import ObjectNotFoundError, ShardDamagedError
 from mouthguard.tiers.local import LocalTier
 
-#: Parsed indexes kept per process (a block's shards plus those prefetched, and
-#: small datasets whole, so a second pass parses nothing).
+#: Parsed indexes kept per dataset object (a block's shards plus those prefetched,
+#: and small datasets whole, so a second pass parses nothing).
 _INDEX_MEMO = 32
 
 
-class _IndexMemo:
-    """Parsed indexes by content, shared by every :class:`ShardSource` of this process.
+class IndexMemo:
+    """Parsed indexes of one dataset object, shared by its passes (its ShardSources).
 
     Keyed by the shard's name, its sha256, its index's sha256 (all from the
     manifest) and whether it was adopted, so an entry is the parse of exactly
-    those verified bytes, whichever dataset object or pass asks. Bounded
-    (:data:`_INDEX_MEMO`, least recently used out). Its lock is made anew in a
-    forked child, which may have been forked while another thread held it.
+    those verified bytes. Bounded (:data:`_INDEX_MEMO`, least recently used out).
+    A new dataset object starts empty, so it reads (and checks) every index
+    again. In another process (a forked or spawned worker) it starts empty too,
+    with a lock of its own: a lock copied by ``fork`` may have been held.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int = _INDEX_MEMO) -> None:
         self._size = size
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
         self._items: OrderedDict[tuple[str, str, str, bool], ShardIndex] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, int]:
+        return {"size": self._size}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self._size = state["size"]
+        self._reset()
+
     def get(self, key: tuple[str, str, str, bool]) -> ShardIndex | None:
+        """The parse stored under ``key``, or None."""
+        if self._pid != os.getpid():
+            self._reset()
         with self._lock:
             found = self._items.get(key)
             if found is not None:
@@ -66,18 +81,13 @@ class _IndexMemo:
             return found
 
     def put(self, key: tuple[str, str, str, bool], parsed: ShardIndex) -> None:
+        """Keep ``parsed`` under ``key`` (the least recently used goes past the bound)."""
+        if self._pid != os.getpid():
+            self._reset()
         with self._lock:
             self._items[key] = parsed
             while len(self._items) > self._size:
                 self._items.popitem(last=False)
-
-    def reset(self) -> None:
-        self._lock = threading.Lock()
-        self._items = OrderedDict()
-
-
-_MEMO = _IndexMemo(_INDEX_MEMO)
-os.register_at_fork(after_in_child=_MEMO.reset)
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,8 @@ class ShardSource:
         place: where verified shards come from: the shared cache, or (a local
             dataset read in place) the shared record of files that hashed right.
         settings: range reads of downloads.
+        indexes: the dataset object's parsed indexes, kept across its passes
+            (default: this source's own).
     """
 
     def __init__(
@@ -103,6 +115,7 @@ class ShardSource:
         dataset: Dataset,
         place: ShardCache | VerifiedFiles,
         settings: ReadSettings,
+        indexes: IndexMemo | None = None,
     ) -> None:
         tier = dataset.location.tier
         if isinstance(place, VerifiedFiles) and not isinstance(tier, LocalTier):
@@ -111,6 +124,7 @@ class ShardSource:
         self.cache = place if isinstance(place, ShardCache) else None
         self.verified = place if isinstance(place, VerifiedFiles) else None
         self.settings = settings
+        self._indexes = indexes if indexes is not None else IndexMemo()
 
     def _check_size(self, key: str, record_size: int, name: str) -> None:
         """ShardDamagedError unless ``key`` exists with the manifest's size."""
@@ -191,11 +205,11 @@ class ShardSource:
         return ShardFile(fd, part.size, part.name, base=part.offset)
 
     def index(self, number: int) -> ShardIndex:
-        """The checked, parsed index of shard ``number`` (memoised per process, by content)."""
+        """The checked, parsed index of shard ``number`` (memoised per dataset object)."""
         record = self.dataset.shards[number]
         adopted = self.dataset.manifest.adopted
         memo_key = (record.name, record.sha256, record.index.sha256, adopted)
-        found = _MEMO.get(memo_key)
+        found = self._indexes.get(memo_key)
         if found is not None:
             return found
         if self.cache is None:
@@ -217,5 +231,5 @@ class ShardSource:
                 parsed = check_index(record, handle.read(0, record.index.size), adopted=adopted)
             finally:
                 handle.close()
-        _MEMO.put(memo_key, parsed)
+        self._indexes.put(memo_key, parsed)
         return parsed

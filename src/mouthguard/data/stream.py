@@ -50,7 +50,7 @@ from mouthguard.data.arrow import pyarrow_modules
 from mouthguard.data.burst import BurstSignal
 from mouthguard.data.cache import ShardCache, Verify
 from mouthguard.data.dataset import Dataset, open_at, resolve_keys
-from mouthguard.data.fetch import ReadSettings, ShardSource
+from mouthguard.data.fetch import IndexMemo, ReadSettings, ShardSource
 from mouthguard.data.location import Target, locate
 from mouthguard.data.manifest import PARQUET
 from mouthguard.data.order import (
@@ -177,6 +177,7 @@ class StreamingDataset(IterableDataset[Any]):
             world_size=self.world_size,
         )
         Partition(self.rank, self.world_size)  # refuses a rank outside the world now
+        self._indexes = IndexMemo()  # parsed indexes, kept across this object's passes
         self.verified_dir: str | None = None
         if cache_dir is None and not isinstance(self.dataset.location.tier, LocalTier):
             cache_dir = default_shard_dir()  # warns if that is RAM
@@ -279,7 +280,7 @@ class StreamingDataset(IterableDataset[Any]):
         else:
             assert self.verified_dir is not None  # made with the dataset: read in place
             place = VerifiedFiles(self.verified_dir, self.verify_cache)
-        source = ShardSource(dataset, place, self.settings)
+        source = ShardSource(dataset, place, self.settings, self._indexes)
         if dataset.manifest.kind == PARQUET:
             from mouthguard.data.pqread import RowGroupUnits  # noqa: PLC0415 - pyarrow when used
 
