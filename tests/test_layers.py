@@ -53,7 +53,8 @@ ALLOWED: dict[str, set[str]] = {
     # Datasets: shards, manifests (signed as checkpoints are), the cache and the loader.
     "data": {"errors", "format", "tiers", "data"},
     # KV-cache blocks for inference: transient state over memory, disk and any tier.
-    "kvcache": {"errors", "policy", "tiers", "kvcache"},
+    # (format.signing: the MAC keys of keyed remote objects, shared with manifests)
+    "kvcache": {"errors", "format", "policy", "tiers", "kvcache"},
     # Trainer and engine plug-ins (Lightning, Hugging Face, vLLM): adapters above
     # checkpoint, as dcp is, and above the KV store and the weights loader (vLLM).
     "integrations": _BASE | {"checkpoint", "kvcache", "weights", "integrations"},

@@ -23,7 +23,7 @@ from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).parent))
-from common import make_model, prompt, quiet_engine, write_result  # noqa: E402
+from common import make_model, prompt, quiet_engine, write_result
 
 SHARED = prompt(1, 520)
 PROMPTS = {

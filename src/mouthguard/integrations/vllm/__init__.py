@@ -30,7 +30,7 @@ _LAZY = {
     "MouthguardMetadata": "mouthguard.integrations.vllm.connector",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = ["MouthguardConnector", "MouthguardMetadata"]
 
 
 def __getattr__(name: str) -> Any:

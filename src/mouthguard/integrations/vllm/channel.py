@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,19 +58,19 @@ class PrefixStore(Protocol):
 
 def socket_dir() -> str:
     """The per-user directory of the sockets, created 0700 (refused if someone else's)."""
-    path = os.path.join(tempfile.gettempdir(), f"mouthguard-vllm-{os.getuid()}")
+    path = Path(tempfile.gettempdir()) / f"mouthguard-vllm-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    info = os.lstat(path)
+        path.mkdir(mode=0o700)
+    info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise KVCacheError(f"{path} must be a directory of this user with mode 0700")
-    return path
+    return str(path)
 
 
 def socket_path(engine_id: str, tp_rank: int) -> str:
     """The socket of one engine's rank."""
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in engine_id)[:64]
-    return os.path.join(socket_dir(), f"{safe}-tp{tp_rank}.sock")
+    return str(Path(socket_dir()) / f"{safe}-tp{tp_rank}.sock")
 
 
 def _tokens_bytes(tokens: Sequence[int]) -> bytes:
@@ -87,7 +88,7 @@ class LookupServer:
         self._store = store
         self.path = path
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # left by a worker that died: the engine id is ours
+            Path(path).unlink()  # left by a worker that died: the engine id is ours
         self._listener = Listener(path, family="AF_UNIX")
         self._closed = False
         self._thread = threading.Thread(
@@ -143,7 +144,7 @@ class LookupServer:
         self._closed = True
         self._listener.close()
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+            Path(self.path).unlink()
 
 
 class LookupClient:
@@ -172,7 +173,9 @@ class LookupClient:
                         time.sleep(0.05)
         return self._conns
 
-    def _ask(self, op: str, tokens: Sequence[int], counts: Sequence[int] | None = None) -> list[int]:
+    def _ask(
+        self, op: str, tokens: Sequence[int], counts: Sequence[int] | None = None
+    ) -> list[int]:
         payload = _tokens_bytes(tokens)
         with self._lock:
             conns = self._connect()

@@ -241,7 +241,9 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
                 tracked.stored_blocks = min(tracked.stored_blocks, load.first + good)
 
     def request_finished(
-        self, request: Request, block_ids: list[int]
+        self,
+        request: Request,
+        block_ids: list[int],  # noqa: ARG002 - vLLM's signature
     ) -> tuple[bool, dict[str, Any] | None]:
         """Unpin; nothing is held past the request (saves are done by now)."""
         tracked = self._tracked.pop(request.request_id, None)
@@ -300,7 +302,11 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         first = next(iter(self._layers.values()))
         return (len(self._layers), *first.shape[1:])
 
-    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+    def start_load_kv(
+        self,
+        forward_context: ForwardContext,  # noqa: ARG002 - vLLM's signature
+        **kwargs: Any,  # noqa: ARG002
+    ) -> None:
         """Fill the planned pages from the store; note the pages that could not be."""
         meta = self._get_connector_metadata()
         assert isinstance(meta, MouthguardMetadata)
@@ -331,8 +337,8 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         self,
         layer_name: str,
         kv_layer: torch.Tensor,
-        attn_metadata: AttentionMetadata,
-        **kwargs: Any,
+        attn_metadata: AttentionMetadata,  # noqa: ARG002 - vLLM's signature
+        **kwargs: Any,  # noqa: ARG002
     ) -> None:
         """Copy this layer's pages of the step's saves, now that the layer wrote them."""
         if not self.has_connector_metadata():

@@ -9,7 +9,6 @@ would otherwise run with no disk tier.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +91,7 @@ def rank_disk_dir(disk_dir: str, tp_rank: int, tp_size: int) -> str:
     """
     if tp_size == 1:
         return disk_dir
-    return os.path.join(disk_dir, f"tp{tp_rank:03d}-of-{tp_size:03d}")
+    return str(Path(disk_dir) / f"tp{tp_rank:03d}-of-{tp_size:03d}")
 
 
 def open_remote(location: str) -> Tier:
