@@ -60,6 +60,8 @@ def transfer_config(name: str, work: Path) -> Any:
             kv_connector_extra_config={"shared_storage_path": str(path)},
         )
     memory = 1 << 30 if name == "mouthguard-ram" else 4 << 20
+    # staging room for every block the prompt evicts from that small RAM tier: the
+    # put must not drop blocks here (an engine would size it to its traffic)
     return KVTransferConfig(
         kv_connector="MouthguardConnector",
         kv_connector_module_path="mouthguard.integrations.vllm",
@@ -69,6 +71,7 @@ def transfer_config(name: str, work: Path) -> Any:
             "disk_dir": str(work / f"{name}-kv"),
             "disk_bytes": 2 << 30,
             "memory_bytes": memory,
+            "staging_bytes": 512 << 20,
         },
     )
 

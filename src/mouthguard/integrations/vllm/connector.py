@@ -149,6 +149,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             self._staging: dict[str, torch.Tensor] = {}
             self._filled: dict[str, set[str]] = {}
             self._load_errors: set[int] = set()
+            self._buffer: torch.Tensor | None = None
 
     # ----------------------------------------------------------------- scheduler side
 
@@ -183,6 +184,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         first = (hit - num_external_tokens) // self._block
         block_ids = list(blocks.get_block_ids()[0][first : hit // self._block])
         tracked.load = Transfer(req_id, tokens, first, block_ids)
+        self._unpin(tracked)  # a preempted request planned again: its old pin goes first
         try:
             tracked.pinned = self._client.pin(tokens)
         except (KVCacheError, OSError) as error:
@@ -250,14 +252,18 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         self._matched.pop(request.request_id, None)
         if tracked is None:
             return False, None
-        if tracked.pinned is not None:
-            loaded = list(request.all_token_ids)
-            try:
-                self._client.unpin(loaded, tracked.pinned)
-            except (KVCacheError, OSError) as error:
-                log.warning("mouthguard: unpin failed (%s)", error)
+        self._unpin(tracked)
         counts = {"loaded_tokens": tracked.loaded_tokens, "failed_tokens": tracked.failed_tokens}
         return False, {"mouthguard": counts}
+
+    def _unpin(self, tracked: _Tracked) -> None:
+        if tracked.pinned is None:
+            return
+        pinned, tracked.pinned = tracked.pinned, None
+        try:
+            self._client.unpin(list(tracked.request.all_token_ids), pinned)
+        except (KVCacheError, OSError) as error:
+            log.warning("mouthguard: unpin failed (%s)", error)
 
     # -------------------------------------------------------------------- worker side
 
@@ -315,8 +321,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             return
         first = next(iter(self._layers.values()))
         for load in meta.loads:
-            blocks = len(load.tokens) // self._block
-            staging = torch.empty((blocks, *self._block_shape()), dtype=first.dtype)
+            staging = self._load_buffer(len(load.tokens) // self._block, first.dtype)
             try:
                 got = len(store.get(load.tokens, out=list(staging)))
             except (KVCacheError, OSError) as error:
@@ -329,6 +334,20 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
                 for index, layer in enumerate(self._layers.values()):
                     layer.index_copy_(0, pages, rows[:, index])
             self._load_errors.update(load.block_ids[usable:])
+
+    def _load_buffer(self, blocks: int, dtype: torch.dtype) -> torch.Tensor:
+        """``blocks`` blocks of host memory for loads, kept between them.
+
+        Loads run one after another and are copied into the pages before the next, so
+        one buffer serves them all; it grows to the longest prefix loaded and is not
+        page-faulted in again for every load (a fresh 64 MiB buffer costs about as
+        much as the copy into it).
+        """
+        shape = (blocks, *self._block_shape())
+        buffer = self._buffer
+        if buffer is None or buffer.shape[0] < blocks or buffer.dtype != dtype:
+            buffer = self._buffer = torch.empty(shape, dtype=dtype)
+        return buffer[:blocks]
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Nothing to wait for: :meth:`start_load_kv` loads every layer before the forward."""
