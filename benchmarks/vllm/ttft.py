@@ -1,0 +1,140 @@
+"""Time to first token of a repeated long prompt after vLLM's own prefix cache is emptied.
+
+Run with the vLLM environment's interpreter (``benchmarks.vllm`` does)::
+
+    .venv-vllm/bin/python benchmarks/vllm/ttft.py --config mouthguard-ram --work /tmp/w
+
+Starts one engine with the configuration named (``recompute``: no connector;
+``example``: vLLM's ``ExampleConnector``, safetensors files on disk;
+``mouthguard-ram`` / ``mouthguard-disk``: ``MouthguardConnector`` with a memory tier
+that holds the prompt's blocks, or one too small for them, so they are read from
+disk), sends the prompt once (computed; the connectors save it), then ``--repeats``
+times empties the engine's prefix cache (``LLM.reset_prefix_cache()``) and times the
+same prompt with one output token. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def make_model(directory: Path, hidden: int, layers: int) -> Path:
+    if (directory / "config.json").exists():
+        return directory
+    import torch  # noqa: PLC0415 - the vLLM environment, in the engine script only
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        vocab_size=32000,
+        max_position_embeddings=8192,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def transfer_config(name: str, work: Path) -> Any:
+    from vllm.config import KVTransferConfig  # noqa: PLC0415
+
+    if name == "recompute":
+        return None
+    if name == "example":
+        path = work / "example-kv"
+        path.mkdir(exist_ok=True)
+        return KVTransferConfig(
+            kv_connector="ExampleConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"shared_storage_path": str(path)},
+        )
+    memory = 1 << 30 if name == "mouthguard-ram" else 4 << 20
+    # staging room for every block the prompt evicts from that small RAM tier: the
+    # put must not drop blocks here (an engine would size it to its traffic)
+    return KVTransferConfig(
+        kv_connector="MouthguardConnector",
+        kv_connector_module_path="mouthguard.integrations.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={
+            "disk_dir": str(work / f"{name}-kv"),
+            "disk_bytes": 2 << 30,
+            "memory_bytes": memory,
+            "staging_bytes": 512 << 20,
+        },
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--prompt-tokens", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from vllm import LLM, SamplingParams  # noqa: PLC0415 - after the environment is set
+
+    model = make_model(args.work / f"model-{args.hidden}-{args.layers}", args.hidden, args.layers)
+    rng = random.Random(0)
+    prompt = {"prompt_token_ids": [rng.randrange(1, 32000) for _ in range(args.prompt_tokens)]}
+    llm = LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        kv_transfer_config=transfer_config(args.config, args.work),
+    )
+    first = SamplingParams(max_tokens=1, temperature=0.0)
+    tokens = SamplingParams(max_tokens=8, temperature=0.0)
+    started = time.perf_counter()
+    llm.generate([prompt], first, use_tqdm=False)
+    cold = time.perf_counter() - started
+    times = []
+    for _ in range(args.repeats):
+        llm.reset_prefix_cache()
+        started = time.perf_counter()
+        llm.generate([prompt], first, use_tqdm=False)
+        times.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    llm.generate([prompt], first, use_tqdm=False)  # vLLM's own prefix cache hit
+    engine_hit = time.perf_counter() - started
+    llm.reset_prefix_cache()
+    out = llm.generate([prompt], tokens, use_tqdm=False)[0]
+    counts = (out.kv_transfer_params or {}).get("mouthguard", {})
+    print(
+        json.dumps(
+            {
+                "config": args.config,
+                "first_s": cold,
+                "ttft_s": times,
+                "ttft_median_s": statistics.median(times),
+                "engine_cache_hit_s": engine_hit,
+                "tokens": list(out.outputs[0].token_ids),
+                "loaded_tokens": counts.get("loaded_tokens"),
+            }
+        ),
+        flush=True,
+    )
+    llm.llm_engine.engine_core.shutdown()
+    sys.stdout.flush()
+    os._exit(0)  # the engine's background threads need not be joined
+
+
+if __name__ == "__main__":
+    main()

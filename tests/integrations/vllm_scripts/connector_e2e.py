@@ -1,0 +1,121 @@
+"""One engine-test run for the KV connector (run by tests/integrations/test_vllm_connector.py).
+
+Usage: ``python connector_e2e.py WORKDIR`` with the vLLM environment's interpreter.
+Runs three engines one after another, each its own engine process, and writes
+``WORKDIR/result.json``:
+
+1. with the connector on ``WORKDIR/kv``: prompts A and C (computed, saved), then the
+   engine's prefix cache is reset and prompt B, which shares A's first 520 tokens,
+   is generated (its 4 full shared blocks can come from mouthguard);
+2. a new engine with the connector on the same directory: prompt B again (a new
+   process: its store's RAM is empty, the blocks come from disk); then every data
+   file of the store is damaged on disk and prompt C is generated (C's blocks
+   are only on disk: each load fails its checksum and is recomputed);
+3. an engine without the connector: A, B and C, the reference tokens.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).parent))
+from common import make_model, prompt, quiet_engine, write_result
+
+SHARED = prompt(1, 520)
+PROMPTS = {
+    "A": SHARED + prompt(2, 80),
+    "B": SHARED + prompt(3, 90),
+    "C": prompt(4, 400),
+}
+MAX_TOKENS = 12
+
+
+def engine(model: Path, kv_dir: Path | None) -> Any:
+    from vllm import LLM  # noqa: PLC0415
+    from vllm.config import KVTransferConfig  # noqa: PLC0415
+
+    transfer = None
+    if kv_dir is not None:
+        transfer = KVTransferConfig(
+            kv_connector="MouthguardConnector",
+            kv_connector_module_path="mouthguard.integrations.vllm",
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config={
+                "disk_dir": str(kv_dir),
+                "disk_bytes": 64 << 20,
+                "memory_bytes": 32 << 20,
+            },
+        )
+    return LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        kv_transfer_config=transfer,
+    )
+
+
+def generate(llm: Any, name: str) -> dict[str, Any]:
+    from vllm import SamplingParams  # noqa: PLC0415
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    output = llm.generate([{"prompt_token_ids": PROMPTS[name]}], params, use_tqdm=False)[0]
+    counts = (output.kv_transfer_params or {}).get("mouthguard", {})
+    return {"tokens": list(output.outputs[0].token_ids), **counts}
+
+
+def close(llm: Any) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def damage(kv_dir: Path) -> int:
+    """Flip a byte in every 4 KiB of every data file; return the files damaged."""
+    files = sorted(kv_dir.glob("*.kvd"))
+    for path in files:
+        with path.open("r+b") as handle:
+            data = bytearray(handle.read())
+            for offset in range(0, len(data), 4096):
+                data[offset] ^= 0xFF
+            handle.seek(0)
+            handle.write(data)
+    return len(files)
+
+
+def main() -> None:
+    quiet_engine()
+    work = Path(sys.argv[1])
+    model = make_model(work / "model")
+    kv_dir = work / "kv"
+    result: dict[str, Any] = {"prompts": {k: len(v) for k, v in PROMPTS.items()}}
+
+    llm = engine(model, kv_dir)
+    first = {"A": generate(llm, "A"), "C": generate(llm, "C")}
+    llm.reset_prefix_cache()
+    first["B"] = generate(llm, "B")
+    close(llm)
+    result["first"] = first
+    result["files_after_first"] = sorted(p.name for p in kv_dir.iterdir())
+
+    llm = engine(model, kv_dir)
+    second = {"B": generate(llm, "B")}
+    result["damaged_files"] = damage(kv_dir)
+    second["C"] = generate(llm, "C")
+    close(llm)
+    result["second"] = second
+
+    llm = engine(model, None)
+    result["reference"] = {name: generate(llm, name) for name in PROMPTS}
+    close(llm)
+    write_result(work / "result.json", result)
+
+
+if __name__ == "__main__":
+    main()

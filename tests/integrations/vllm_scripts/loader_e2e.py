@@ -1,0 +1,88 @@
+"""One engine-test run for the ``mouthguard`` load format (run by test_vllm_loader.py).
+
+Usage: ``python loader_e2e.py WORKDIR`` with the vLLM environment's interpreter.
+Saves the tiny model, copies its weights into a mouthguard checkpoint store (run
+``tiny``, step 3), then starts three engines one after another -- vLLM's own
+``safetensors`` loader, ``load_format="mouthguard"`` on the model directory, and
+``load_format="mouthguard"`` on the checkpoint, with a model directory that holds
+only ``config.json`` (so no other loader could have found weights) -- and writes, for each, the
+generated tokens, the top-5 log-probabilities of every prompt and generated
+position, and the seconds from ``LLM(...)`` to the first request's end, to
+``WORKDIR/result.json``.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).parent))
+from common import make_model, prompt, quiet_engine, write_result
+
+PROMPTS = [prompt(10, 300), prompt(11, 77)]
+
+
+def logprob_rows(rows: Any) -> list[dict[str, float]]:
+    """Each position's top log-probabilities as {token: value} (None rows skipped)."""
+    return [{str(t): float(p.logprob) for t, p in row.items()} for row in rows or [] if row]
+
+
+def run_engine(model: Path, load_format: str, extra: dict[str, Any] | None) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams  # noqa: PLC0415
+
+    started = time.perf_counter()
+    llm = LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        load_format=load_format,
+        model_loader_extra_config=extra or {},
+    )
+    params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=5, prompt_logprobs=5)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    result = {
+        "seconds_to_first_output": seconds,
+        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "prompt_logprobs": [logprob_rows(o.prompt_logprobs) for o in outputs],
+        "logprobs": [logprob_rows(o.outputs[0].logprobs) for o in outputs],
+    }
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    return result
+
+
+def main() -> None:
+    quiet_engine()
+    work = Path(sys.argv[1])
+    model = make_model(work / "model")
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    import mouthguard  # noqa: PLC0415
+
+    state = load_file(str(model / "model.safetensors"))
+    store = work / "store"
+    mouthguard.Checkpointer(store, run="tiny", background=False).save(3, state)
+    config_only = work / "config-only"
+    config_only.mkdir(exist_ok=True)
+    shutil.copy(model / "config.json", config_only / "config.json")
+    result = {
+        "safetensors": run_engine(model, "safetensors", None),
+        "mouthguard_dir": run_engine(model, "mouthguard", None),
+        "mouthguard_checkpoint": run_engine(
+            config_only, "mouthguard", {"source": str(store), "run": "tiny", "step": 3}
+        ),
+    }
+    write_result(work / "result.json", result)
+
+
+if __name__ == "__main__":
+    main()
