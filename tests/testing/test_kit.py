@@ -266,7 +266,12 @@ def test_the_storage_core_never_imports_the_kit_or_pytest() -> None:
             parts = ("mouthguard", *path.relative_to(root).with_suffix("").parts)
             parts = parts[:-1] if parts[-1] == "__init__" else parts
             if parts[1:2] != ("testing",):
-                importlib.import_module(".".join(parts))
+                try:
+                    importlib.import_module(".".join(parts))
+                except ModuleNotFoundError as exc:
+                    # The vLLM plug-ins import vllm, which lives in its own environment.
+                    if (exc.name or "").split(".")[0] != "vllm":
+                        raise
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in {"pytest", "_pytest"})
         print(loaded, "mouthguard.testing" in sys.modules)
         """
