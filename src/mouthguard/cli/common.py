@@ -16,6 +16,10 @@ code   name                     meaning
 2      :data:`EXIT_USAGE`       usage error: bad arguments, or arguments that name
                                 nothing (unknown store, tier, run, step, model), or
                                 an option whose optional dependency is missing
+3      :data:`EXIT_REFUSED`     a safety limit stopped the command before it acted:
+                                ``gc --apply`` would have started deleting more of
+                                a run than the blast-radius limit allows, or a
+                                milestone (``--force`` overrides)
 130    :data:`EXIT_INTERRUPTED` interrupted (128 + SIGINT)
 141    :data:`EXIT_BROKEN_PIPE` the reader of the output went away (128 + SIGPIPE):
                                 the command stops quietly, as Unix tools do
@@ -54,6 +58,7 @@ from mouthguard.cli.render import error_console
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_REFUSED = 3
 EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a process stopped by SIGINT
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
 
@@ -230,6 +235,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_REFUSED",
     "EXIT_USAGE",
     "NON_NEGATIVE",
     "NON_NEGATIVE_INT",

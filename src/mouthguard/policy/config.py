@@ -34,6 +34,7 @@ neither; they are refused with a message saying so.
     best_metric = "loss"
     best_mode = "min"          # or "max"
     best_k = 2
+    max_delete_share = 0.5     # one cleanup pass starts deleting at most half a run
 
     [policy.routine]
     keep_last = 5
@@ -51,7 +52,7 @@ raise :class:`~mouthguard.errors.ConfigError` naming the key.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
@@ -62,6 +63,22 @@ from mouthguard.policy.importance import Importance
 BestMode = Literal["min", "max"]
 
 DAY = 86400.0
+
+#: Default share of a run's (non-transient) checkpoints one retention pass may
+#: start deleting (:mod:`mouthguard.policy.blast_radius`).
+DEFAULT_MAX_DELETE_SHARE = 0.5
+
+
+def check_max_share(value: object) -> float:
+    """Return ``value`` if it is a share in (0, 1], else raise ValueError."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0 < value <= 1
+    ):
+        raise ValueError(f"max delete share must be a number in (0, 1], got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -146,6 +163,10 @@ class PolicyConfig:
         keep_within_seconds: keep every valid checkpoint above transient created
             less than this long before ``now`` (restic's ``--keep-within``);
             ``None``: off.
+        max_delete_share: the blast-radius limit: one retention pass refuses to
+            start deleting more than this share of a run's checkpoints above
+            transient, or any milestone, unless forced
+            (:mod:`mouthguard.policy.blast_radius`). In (0, 1].
 
     Raises:
         ConfigError: a value is impossible or weakens a guarantee (see module doc).
@@ -158,6 +179,7 @@ class PolicyConfig:
     best_mode: BestMode = "min"
     best_k: int = 1
     keep_within_seconds: float | None = None
+    max_delete_share: float = DEFAULT_MAX_DELETE_SHARE
 
     def __post_init__(self) -> None:
         merged = default_levels()
@@ -170,6 +192,10 @@ class PolicyConfig:
             raise ConfigError(f"policy.best_mode: must be 'min' or 'max', got {self.best_mode!r}")
         if self.keep_within_seconds is not None:
             _check_delay("policy.keep_within_seconds", self.keep_within_seconds)
+        try:
+            check_max_share(self.max_delete_share)
+        except ValueError as exc:
+            raise ConfigError(f"policy.max_delete_share: {exc}") from None
         if self.best_metric is not None and not self.best_metric:
             raise ConfigError("policy.best_metric: must be a non-empty string")
         for importance, level in merged.items():
@@ -247,6 +273,7 @@ _TOP_KEYS = (
     "best_metric",
     "best_mode",
     "best_k",
+    "max_delete_share",
 )
 
 _BOOL_KEYS = (
@@ -280,18 +307,9 @@ _LEVEL_KEYS: dict[Importance, tuple[str, ...]] = {
 
 def _set_top(config: PolicyConfig, key: str, value: object) -> PolicyConfig:
     name = f"policy.{key}"
-    if key == "trash_delay_seconds":
-        return replace(config, trash_delay_seconds=_number(name, value))
-    if key == "keep_within_seconds":
-        return replace(config, keep_within_seconds=_number(name, value))
-    if key == "fast_keep_newest":
-        return replace(config, fast_keep_newest=_integer(name, value))
-    if key == "best_k":
-        return replace(config, best_k=_integer(name, value))
-    if key == "best_metric":
-        return replace(config, best_metric=_string(name, value))
-    if key == "best_mode":
-        return replace(config, best_mode=_mode(name, value))
+    parse = _TOP_PARSERS.get(key)
+    if parse is not None:
+        return replace(config, **{key: parse(name, value)})  # type: ignore[arg-type]  # each parser checks its key's type
     known = sorted([*_TOP_KEYS, *_LEVEL_SECTIONS])
     raise ConfigError(f"{name}: unknown key; known keys: {', '.join(known)}")
 
@@ -387,3 +405,15 @@ def _string(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{name}: must be a string, got {value!r}")
     return value
+
+
+#: How each top-level key's value is checked (``replace`` then re-validates the whole).
+_TOP_PARSERS: dict[str, Callable[[str, object], object]] = {
+    "trash_delay_seconds": _number,
+    "keep_within_seconds": _number,
+    "fast_keep_newest": _integer,
+    "best_k": _integer,
+    "best_metric": _string,
+    "best_mode": _mode,
+    "max_delete_share": _number,
+}
