@@ -22,6 +22,8 @@ from mouthguard.chaos import (
     same_state,
 )
 from mouthguard.checkpoint import quarantine, reader
+from mouthguard.checkpoint.audit import TRAIL_DIR
+from mouthguard.checkpoint.audit_check import check_store
 from mouthguard.errors import CheckpointFallbackWarning
 from mouthguard.jobs.replicator import Replicator
 from mouthguard.policy.config import PolicyConfig
@@ -73,21 +75,31 @@ def test_chaos_without_flips_keeps_every_invariant(tmp_path: Path) -> None:
     assert report.deleted_by_policy > 0  # retention really purged
     json = report.to_json()
     assert json["ok"] is True and json["cases"] == report.cases
-    # Everything it wrote lives under the run, and goes with it.
+    # Everything it wrote lives under the run, and goes with it -- except the audit
+    # trail's record of its acts, which is append-only (and intact: no fault touched it).
     for tier in store.tiers:
-        assert {key.split("/")[0] for key in tier.list()} <= {"c"}
+        assert {key.split("/")[0] for key in tier.list()} <= {"c", TRAIL_DIR}
     assert remove_run(store, "c") > 0
-    assert all(not list(tier.list()) for tier in store.tiers)
+    assert all({k.split("/")[0] for k in tier.list()} <= {TRAIL_DIR} for tier in store.tiers)
+    assert check_store(store.tiers, None)[0] == []
 
 
 def test_chaos_never_touches_other_runs(tmp_path: Path) -> None:
     store = mouthguard.open_store(tmp_path / "store")
     mouthguard.Checkpointer(store, "precious", background=False).save(1, {"w": torch.ones(4)})
-    before = {t.name: {k: t.get(k) for k in t.list()} for t in store.tiers}
+    before = _contents(store)
     report = run_chaos(store, rounds=3, plan=FaultPlan.parse("error=0.01"), seed=1, run="c")
     assert report.writes_outside == 0
     remove_run(store, "c")
-    assert {t.name: {k: t.get(k) for k in t.list()} for t in store.tiers} == before
+    after = _contents(store)
+    # The audit trail only grew (chaos's acts are recorded); nothing else changed.
+    for name, objects in before.items():
+        assert {k: v for k, v in after[name].items() if k in objects} == objects
+        assert all(k.startswith(TRAIL_DIR + "/") for k in set(after[name]) - set(objects))
+
+
+def _contents(store: mouthguard.Store) -> dict[str, dict[str, bytes]]:
+    return {t.name: {k: t.get(k) for k in t.list()} for t in store.tiers}
 
 
 def test_the_judge_catches_accepted_corruption(

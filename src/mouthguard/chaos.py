@@ -57,6 +57,7 @@ from typing import TypeVar
 import xxhash
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.audit import TRAIL_DIR
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo
 from mouthguard.checkpoint.sidecars import CopyRef, read_sidecars
@@ -242,7 +243,9 @@ class _Chaos:
         policy = chaos_policy(store.policy)
         clean = [unwrap(t) for t in store.tiers]
         self.faulty = [
-            FaultyTier(t, plan, seed=seed * 7919 + i, confine_to=f"{self.run}/")
+            FaultyTier(
+                t, plan, seed=seed * 7919 + i, confine_to=f"{self.run}/", exempt=TRAIL_DIR + "/"
+            )
             for i, t in enumerate(clean)
         ]
         self.faulty_store = Store(self.faulty, source=store.source, policy=policy)

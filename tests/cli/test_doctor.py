@@ -212,3 +212,31 @@ def test_s3_lock_bucket_reports_what_the_server_ignores(
     if s3_lock_bucket.server.is_local_ceph:
         assert "conditional_put yes (server: no, measured)" in out
         assert "create-only via oldest-version" in out
+
+
+def test_doctor_shows_the_latest_acts_and_warns_of_a_broken_trail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch  # noqa: PLC0415
+
+    import mouthguard  # noqa: PLC0415 - torch only for this test
+
+    store = mouthguard.open_store(tmp_path / "store")
+    ckpt = mouthguard.Checkpointer(store, "r", background=False, actor="alice@lab")
+    ckpt.save(1, {"w": torch.ones(2)})
+    ckpt.hold(1, "legal", reason="case 42")
+    capsys.readouterr()
+    main(["--store", store.source, "doctor", "--json"])
+    body = json.loads(capsys.readouterr().out)
+    (entry,) = body["latest_acts"]
+    assert (entry["run"], entry["step"]) == ("r", 1)
+    assert [(a["act"], a["actor"], a["status"]) for a in entry["acts"]] == [
+        ("hold", "alice@lab", "done"),
+        ("commit", "alice@lab", "done"),
+    ]
+    main(["--store", store.source, "doctor"])
+    assert "latest acts per checkpoint" in capsys.readouterr().out
+    (Path(store.fast.location("_audit/")) / "000000000000.json").unlink()
+    main(["--store", store.source, "doctor", "--json"])
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert any("audit trail: fast record 0: record(s) 0 missing" in w for w in warnings)

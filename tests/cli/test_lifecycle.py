@@ -298,3 +298,40 @@ def test_verify_checks_every_sidecar(root: Path, capsys: pytest.CaptureFixture[s
     assert "sidecar on durable sidecar.hold.hold.json" in str(bad["reason"])
     sidecar.write_bytes(b"[1, 2]")  # valid JSON, not an object
     assert main(["--store", str(root), "verify", "alpha", "10"]) == 1
+
+
+def test_gc_apply_refuses_to_start_deleting_a_milestone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "m"
+    (path.parent / "m.toml").write_text(
+        f'[[tiers]]\nname = "fast"\nkind = "local"\npath = "{path}"\n'
+        "[policy.milestone]\nkeep_last = 1\n"
+    )
+    ckpt = mouthguard.Checkpointer(mouthguard.open_store(path.parent / "m.toml"), "m")
+    for step in (1, 2, 3, 4):
+        ckpt.save(step, {"w": torch.ones(4)}, importance="milestone" if step == 1 else "routine")
+    ckpt.save(5, {"w": torch.ones(4)}, importance="milestone")
+    store = str(path.parent / "m.toml")
+    # Dry run: the refusal is shown, exit 0.
+    code, lines = run_json(capsys, "--store", store, "gc", "--json")
+    assert code == 0
+    (refused,) = [d for d in lines if d["kind"] == "refused"]
+    assert refused["dry_run"] is True and "milestone step(s) 1" in str(refused["why"])
+    capsys.readouterr()
+    assert main(["--store", store, "gc", "--apply"]) == 3
+    out = capsys.readouterr().out
+    assert "refused the deletions in run m" in out and "step 1 (milestone)" in out
+    assert "--force" in out
+    assert all(c.trashed_at is None for i in ckpt.list() for c in i.copies)
+    assert main(["--store", store, "gc", "--apply", "--force"]) == 0
+    assert ckpt.info(1) is not None and ckpt.info(1).state == "trashed"  # type: ignore[union-attr]
+
+
+def test_gc_max_delete_share_must_be_a_share(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--store", str(root), "gc", "--max-delete-share", "2"])
+    assert exited.value.code == 2
+    assert "must be a number in (0, 1]" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import mouthguard
+from mouthguard.checkpoint.audit import default_actor
 from tests.dashboard.helpers import (
     TOKEN,
     Element,
@@ -43,7 +44,8 @@ def test_checkpoint_rows(page: Element) -> None:
     assert [r.attrs["data-step"] for r in rows] == ["30", "20", "10"]  # newest first
     by_step = {r.attrs["data-step"]: r for r in rows}
     held = _cells(by_step["20"])
-    assert held[2] == "milestone" and held[3] == "protected held"
+    assert held[2] == "milestone" and held[3].startswith("protected held")
+    assert held[3].endswith("last: hold by " + default_actor())  # the audit trail's latest act
     copies = find_all(by_step["20"], "span", data_tier="durable")
     assert copies[0].attrs["class"] == "copy verified"
     assert "verified" in copies[0].attrs["title"]

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import mouthguard
 from mouthguard.cli.main import main
@@ -136,3 +137,16 @@ def mouthguard_tensor() -> object:
     import torch  # noqa: PLC0415
 
     return torch.ones(8)
+
+
+def test_rows_carry_their_latest_acts(tmp_path: Path) -> None:
+    store = mouthguard.open_store(tmp_path / "store")
+    ckpt = mouthguard.Checkpointer(store, "r", background=False, actor="alice@lab")
+    ckpt.save(1, {"w": torch.ones(2)})
+    ckpt.hold(1, "legal", reason="case 42")
+    row = take_snapshot(store, now=_now, monotonic=time.monotonic).row("r", 1)
+    assert row is not None
+    assert [(a["act"], a["actor"], a["status"]) for a in row["acts"]] == [
+        ("hold", "alice@lab", "done"),
+        ("commit", "alice@lab", "done"),
+    ]

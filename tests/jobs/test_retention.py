@@ -108,3 +108,15 @@ def test_every_action_waits_for_the_pause_first(two_tier: mouthguard.Store) -> N
     # A dry run acts on nothing and so never waits.
     assert apply_retention(two_tier, now=time.time(), dry_run=True, pause=pause).actions
     assert len(marks_when_paused) == len(report.actions)
+
+
+def test_a_pass_that_would_delete_most_of_a_run_is_refused(two_tier: mouthguard.Store) -> None:
+    ckpt = _fill(two_tier, range(1, 9))  # keep-last 3: steps 1-5 would go (5 of 8)
+    report = apply_retention(two_tier, now=time.time())
+    (refusal,) = report.refused
+    assert [d.step for d in refusal.would_delete] == [1, 2, 3, 4, 5]
+    assert "5 of the run's 8 checkpoints" in refusal.why
+    assert report.count("trash") == 0
+    assert all(c.trashed_at is None for i in ckpt.list() for c in i.copies)
+    forced = apply_retention(two_tier, now=time.time(), force=True)
+    assert not forced.refused and forced.count("trash") == 10  # 5 steps x 2 tiers

@@ -271,6 +271,18 @@ def test_confinement_refuses_and_records_writes_outside() -> None:
         tier.get("chaos/missing")
 
 
+def test_an_exempt_prefix_gets_no_faults_and_passes_the_confinement() -> None:
+    inner = MemoryTier()
+    tier = FaultyTier(inner, FaultPlan(error=1.0), confine_to="chaos/", exempt="_audit/")
+    tier.put("_audit/000000000000.json", b"record")  # outside chaos/, exempt: allowed
+    assert tier.get("_audit/000000000000.json") == b"record"
+    with pytest.raises(InjectedFaultError):
+        tier.get("chaos/a")
+    with pytest.raises(ConfinementError):
+        tier.put("other/k", b"x")
+    assert tier.outside == ["other/k"]
+
+
 def test_injected_errors_are_transient_tier_errors() -> None:
     from mouthguard.errors import is_data_damage  # noqa: PLC0415
 

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mouthguard.checkpoint.audit import TRAIL_DIR
 from mouthguard.errors import InvalidKeyError, MouthguardError, ObjectNotFoundError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.tiers.base import ObjectInfo, Tier
@@ -36,6 +37,8 @@ RANK_FILE_PATTERN = "rank-{rank:05d}.safetensors"
 
 def validate_run(run: str) -> str:
     """Return ``run`` if it is a valid run name (a safe path segment), else raise."""
+    if run == TRAIL_DIR:
+        raise ValueError(f"invalid run name {run!r}: reserved for the audit trail")
     try:
         return validate_segment(run)
     except InvalidKeyError:
@@ -88,8 +91,8 @@ def rank_file_name(rank: int) -> str:
 
 
 def list_runs(tier: Tier) -> list[str]:
-    """Runs that have anything on ``tier``."""
-    return tier.list_dirs("")
+    """Runs that have anything on ``tier`` (the audit trail's directory is not a run)."""
+    return [name for name in tier.list_dirs("") if name != TRAIL_DIR]
 
 
 def step_dirs(tier: Tier, run: str) -> list[int]:

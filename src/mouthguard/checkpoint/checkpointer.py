@@ -15,10 +15,12 @@ import datetime as dt
 import os
 import warnings
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Self
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import SaveHandle
+from mouthguard.checkpoint.audit import Outcome, audited
 from mouthguard.checkpoint.describe import describe, unreadable_checkpoints
 from mouthguard.checkpoint.hints import pass_hint_down
 from mouthguard.checkpoint.info import (
@@ -27,6 +29,7 @@ from mouthguard.checkpoint.info import (
     Rejection,
     UnreadableCheckpoint,
 )
+from mouthguard.checkpoint.lineage import Tracker
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.loading import Loader
 from mouthguard.checkpoint.ranks import COLLECTIVE_TIMEOUT, detect_ranks
@@ -87,6 +90,9 @@ class Checkpointer:
             slowest rank (default 300): the slowest rank's file write must fit in
             it, and a rank that died is given up on after it -- the survivors
             raise :class:`~mouthguard.errors.RankLostError` instead of hanging.
+        actor: who this checkpointer acts for in the audit trail
+            (:mod:`~mouthguard.checkpoint.audit`): its commits, importance
+            changes and holds. Default ``$MOUTHGUARD_ACTOR``, else ``user@host``.
     """
 
     def __init__(
@@ -99,7 +105,9 @@ class Checkpointer:
         background: bool | None = None,
         group: Any = None,
         collective_timeout: float | None = None,
+        actor: str | None = None,
     ) -> None:
+        self.actor = actor
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
         keys = (
@@ -124,6 +132,9 @@ class Checkpointer:
         self._saves = SavePipeline(
             self.store, self.run, self.ranks, keys, with_sha256 or keys is not None, self._listener
         )
+        self._saves.actor = actor
+        self._lineage = Tracker(self.run)
+        self._saves.lineage = self._lineage.lineage_of_save
 
     @property
     def manifest_keys(self) -> Keyring | None:
@@ -181,7 +192,12 @@ class Checkpointer:
             TierError: the tier failed (the partial save is removed).
         """
         importance, reference = self._guarded(check, step, state, importance, reference)
-        return self._saves.save(step, state, importance, reference)
+        parent = self._lineage.parent
+        try:
+            return self._saves.save(step, state, importance, reference)
+        except BaseException:
+            self._lineage.failed(parent)
+            raise
 
     def save_async(
         self,
@@ -213,7 +229,12 @@ class Checkpointer:
                 (raised here, before anything runs in the background).
         """
         importance, reference = self._guarded(check, step, state, importance, reference)
-        return self._saves.save_async(step, state, importance, reference)
+        parent = self._lineage.parent
+        try:
+            return self._saves.save_async(step, state, importance, reference)
+        except BaseException:
+            self._lineage.failed(parent)
+            raise
 
     def prepare(self, state: object) -> int:
         """Make the staging buffer of :meth:`save_async` ready for ``state``; return its bytes.
@@ -360,31 +381,73 @@ class Checkpointer:
     # --- mutable facts ---------------------------------------------------------
 
     def set_importance(
-        self, step: int, importance: str | Importance, *, reason: str = ""
+        self,
+        step: int,
+        importance: str | Importance,
+        *,
+        reason: str = "",
+        actor: str | None = None,
     ) -> CheckpointInfo:
         """Promote or demote checkpoint ``step`` (recorded on every copy, hinted down).
 
+        Recorded in the audit trail by ``actor`` (default: the checkpointer's).
+
         Raises:
             CheckpointNotFoundError: ``step`` is not committed.
+            TierError: the audit trail could not record it (nothing was changed).
         """
         level = parse_importance(importance)
         now = utc_now()
-        for ref in self._copy_refs(step):
-            write_importance(ref, level, reason or f"set to {level.value}", now)
-            pass_hint_down(ref, level)
+        refs = self._copy_refs(step)
+        why = reason or f"set to {level.value}"
+        with self._audited("importance", step, refs, f"{level.value}: {why}", actor):
+            for ref in refs:
+                write_importance(ref, level, why, now)
+                pass_hint_down(ref, level)
         return self._info_of_committed(step)
 
-    def hold(self, step: int, name: str = "hold", *, reason: str = "") -> CheckpointInfo:
-        """Place a named hold: the checkpoint is not deleted from any tier while it stands."""
+    def hold(
+        self, step: int, name: str = "hold", *, reason: str = "", actor: str | None = None
+    ) -> CheckpointInfo:
+        """Place a named hold: the checkpoint is not deleted from any tier while it stands.
+
+        Recorded in the audit trail by ``actor`` (default: the checkpointer's).
+        """
         now = utc_now()
-        for ref in self._copy_refs(step):
-            place_hold(ref, name, reason, now)
+        refs = self._copy_refs(step)
+        with self._audited("hold", step, refs, f"{name}: {reason}" if reason else name, actor):
+            for ref in refs:
+                place_hold(ref, name, reason, now)
         return self._info_of_committed(step)
 
-    def release(self, step: int, name: str = "hold") -> bool:
-        """Release a named hold from every copy; return whether any copy had it."""
-        released = [release_hold(ref, name) for ref in self._copy_refs(step)]
-        return any(released)
+    def release(
+        self, step: int, name: str = "hold", *, reason: str = "", actor: str | None = None
+    ) -> bool:
+        """Release a named hold from every copy; return whether any copy had it.
+
+        Recorded in the audit trail (outcome ``not needed`` when no copy had it).
+        """
+        refs = self._copy_refs(step)
+        why = f"{name}: {reason}" if reason else name
+        with self._audited("release", step, refs, why, actor) as outcome:
+            # Every copy loses the hold: no short-circuit.
+            released = any([release_hold(ref, name) for ref in refs])  # noqa: C419
+            if not released:
+                outcome.result = "not needed"
+        return released
+
+    def _audited(
+        self, act: str, step: int, refs: builtins.list[CopyRef], reason: str, actor: str | None
+    ) -> AbstractContextManager[Outcome]:
+        return audited(
+            act,
+            self.run,
+            step,
+            [r.tier for r in refs],
+            reason,
+            actor or self.actor,
+            self.manifest_keys,
+        )
 
     def _info_of_committed(self, step: int) -> CheckpointInfo:
         info = self.info(step)
@@ -483,6 +546,7 @@ class Checkpointer:
             )
             if at_or_before is not None and loaded.step != at_or_before:
                 _warn_fell_back(self.run, at_or_before, loaded)
+            self._lineage.loaded(self.run, loaded.step, loaded.info.created)
             return loaded
         finally:
             # Repairs start only once this load is done reading: a repair racing it

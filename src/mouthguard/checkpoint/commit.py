@@ -22,7 +22,9 @@ this module, for both, in this order::
                                               #   4. several ranks: every rank file visible
                                               #      to the coordinator with its size
                                               #   5. the manifest last, create-only, then
-                                              #      the rename (writer.commit_bytes)
+                                              #      the rename (writer.commit_bytes),
+                                              #      between an intent and an outcome
+                                              #      record in the audit trail
     after_commit(tier, manifest, listener)    # 6. the importance hint down (advisory)
                                               # 7. the listener hears of the commit
 
@@ -42,6 +44,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.audit import audited
 from mouthguard.checkpoint.hints import pass_hint_down
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.quarantine import SetAside, set_aside_confirmed
@@ -127,6 +130,7 @@ def commit_staged(  # noqa: PLR0917 - the staged save, named in full
     *,
     keys: Keyring | None = None,
     validate: Callable[[Manifest], object] | None = None,
+    actor: str | None = None,
 ) -> tuple[Manifest, bytes]:
     """Coordinator: write the manifest over every staged rank file and publish it.
 
@@ -134,7 +138,9 @@ def commit_staged(  # noqa: PLR0917 - the staged save, named in full
     ``build`` makes the manifest from what the ranks reported (it may refuse an
     incomplete set by raising); ``validate`` raises if a reader would reject the
     parsed manifest. Returns the committed manifest, parsed from its exact
-    bytes, and those bytes.
+    bytes, and those bytes. The commit is recorded in the audit trail
+    (:mod:`~mouthguard.checkpoint.audit`) by ``actor`` (default ``user@host``):
+    the intent before the manifest is written, the outcome after.
 
     Raises:
         CheckpointExistsError: another writer committed the step meanwhile.
@@ -151,7 +157,9 @@ def commit_staged(  # noqa: PLR0917 - the staged save, named in full
         if world_size > 1:
             # One rank's own put has returned: there is nothing to check without peers.
             check_visible(tier, staging, manifest.files)
-        commit_bytes(tier, staging, catalog.checkpoint_prefix(run, step), raw)
+        reason = f"{manifest.importance.value} save by {world_size} rank(s)"
+        with audited("commit", run, step, [tier], reason, actor, keys):
+            commit_bytes(tier, staging, catalog.checkpoint_prefix(run, step), raw)
     return manifest, raw
 
 

@@ -40,6 +40,7 @@ from mouthguard.errors import (
     ObjectExistsError,
     RankFailedError,
 )
+from mouthguard.format.lineage import Lineage
 from mouthguard.format.manifest import FileRecord, Manifest, SaveTiming, TensorRecord
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance
@@ -63,6 +64,10 @@ class SaveRequest:
     signing: Keyring | None = None
     #: The save's timing as of now, asked for when the coordinator builds the manifest.
     timing: Callable[[], SaveTiming] | None = None
+    #: Who saves, for the audit trail (None: ``user@host``).
+    actor: str | None = None
+    #: What the checkpoint came from, recorded in its manifest.
+    lineage: Lineage | None = None
 
 
 def commit_save(
@@ -92,6 +97,7 @@ def commit_save(
             world_size,
             lambda: _manifest(request, records, world_size),
             keys=request.signing,
+            actor=request.actor,
         )
         committed.append(manifest)
         # The peers get the exact bytes (and parse them); one rank needs nothing more.
@@ -194,4 +200,5 @@ def _manifest(request: SaveRequest, gathered: list[JsonValue], world_size: int) 
         framework=framework_versions(),
         reference=request.reference,
         save=None if request.timing is None else request.timing(),
+        lineage=request.lineage,
     )

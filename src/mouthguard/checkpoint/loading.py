@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.audit import audited
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
 from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.reader import load_copy, read_manifest
@@ -158,7 +159,11 @@ class Loader:
             else "; ".join(f"rank {rank}: {why}" for rank, why in failed)
         )
         if self.ranks.is_coordinator:
-            _record(refs, lambda ref: mark_suspect(ref, reason, utc_now()))
+            try:
+                with audited("suspect", self.run, loaded.step, [r.tier for r in refs], reason):
+                    _record(refs, lambda ref: mark_suspect(ref, reason, utc_now()))
+            except MouthguardError as exc:  # best effort, like the mark itself
+                log.info("could not record the suspect mark in the audit trail: %s", exc)
         where = f"checkpoint {self.run} step {loaded.step}"
         if not fallback:
             raise SuspectCheckpointError(f"{where} failed the load's check: {reason}")

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Iterator
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.audit import audited
 from mouthguard.checkpoint.sidecars import CopyRef
 from mouthguard.checkpoint.verification import confirm_damage
 from mouthguard.errors import ObjectNotFoundError
@@ -56,7 +57,11 @@ def set_aside_confirmed(ref: CopyRef, reason: str, *, keys: Keyring | None = Non
     if not confirm_damage(ref, keys=keys):
         log.warning("not setting aside %s: a second read found no proven damage (%s)", ref, reason)
         return SetAside.NOT_CONFIRMED
-    return SetAside.SET_ASIDE if _set_aside(ref, reason) else SetAside.ALREADY_GONE
+    with audited("set-aside", ref.run, ref.step, [ref.tier], reason, keys=keys) as outcome:
+        moved = _set_aside(ref, reason)
+        if not moved:
+            outcome.result, outcome.detail = "not needed", "already gone"
+    return SetAside.SET_ASIDE if moved else SetAside.ALREADY_GONE
 
 
 def _set_aside(ref: CopyRef, reason: str) -> bool:

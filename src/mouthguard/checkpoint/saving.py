@@ -42,6 +42,7 @@ from mouthguard.checkpoint.staging import needs_pinned, snapshot
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.writer import layout_for, write_rank_file, write_rank_image
 from mouthguard.format import typed_json
+from mouthguard.format.lineage import Lineage
 from mouthguard.format.manifest import FileRecord, Manifest, SaveTiming, TensorRecord
 from mouthguard.format.state_tree import FlatState, flatten_state
 from mouthguard.format.typed_json import JsonValue
@@ -78,6 +79,10 @@ class SavePipeline:
         self.manifest_keys = manifest_keys
         self.with_sha256 = with_sha256
         self.listener = listener
+        #: Who saves, for the audit trail (None: ``user@host``).
+        self.actor: str | None = None
+        #: Gives each save its lineage from (step, state), when the save is requested.
+        self.lineage: Callable[[int, object], Lineage | None] | None = None
         #: The staging buffer and the thread of async saves (one save in flight).
         self.saver = AsyncSaver(run)
 
@@ -202,7 +207,14 @@ class SavePipeline:
         flat = flatten_state(state)
         reference_json = _reference_json(reference)
         request = SaveRequest(
-            self.run, step, level, flat.skeleton, reference_json, signing=self.manifest_keys
+            self.run,
+            step,
+            level,
+            flat.skeleton,
+            reference_json,
+            signing=self.manifest_keys,
+            actor=self.actor,
+            lineage=None if self.lineage is None else self.lineage(step, state),
         )
         return flat, request
 

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mouthguard.checkpoint.audit import audited
 from mouthguard.checkpoint.catalog import checkpoint_prefix, manifest_key
 from mouthguard.errors import FormatError, MouthguardError, ObjectNotFoundError
 from mouthguard.format import typed_json
@@ -183,9 +184,13 @@ def mark_trashed(ref: CopyRef, reason: str, when: dt.datetime, *, released: bool
 
 
 def report_damage(ref: CopyRef, reason: str, when: dt.datetime) -> None:
-    """Record that a reader found this copy damaged; its receipt no longer vouches."""
-    _put(ref, DAMAGE, {"reason": reason, "found_at": when.isoformat()})
-    ref.tier.delete(ref.key(RECEIPT))
+    """Record that a reader found this copy damaged; its receipt no longer vouches.
+
+    The finding is an act of the audit trail (``damage``), recorded first.
+    """
+    with audited("damage", ref.run, ref.step, [ref.tier], reason):
+        _put(ref, DAMAGE, {"reason": reason, "found_at": when.isoformat()})
+        ref.tier.delete(ref.key(RECEIPT))
 
 
 def mark_suspect(ref: CopyRef, reason: str, when: dt.datetime) -> None:

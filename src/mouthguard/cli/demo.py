@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Console, RenderableType
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import (
     BarColumn,
@@ -37,7 +38,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mouthguard.cli.common import EXIT_FAILED, EXIT_OK
-from mouthguard.cli.demo_summary import DiskUse, disk_use, report_json
+from mouthguard.cli.demo_summary import DiskUse, TrailTail, disk_use, report_json, trail_tail
 from mouthguard.cli.render import human_bytes
 from mouthguard.demo import (
     DamageKind,
@@ -140,7 +141,7 @@ def run_demo(store_path: Path, console: Console, *, as_json: bool = False) -> in
         except DemoError as exc:
             print(json.dumps({"ok": False, "store": str(store_path), "error": str(exc)}))
             return EXIT_FAILED
-        print(json.dumps(report_json(report, disk_use(report))))
+        print(json.dumps(report_json(report, disk_use(report), trail_tail(report))))
         return EXIT_OK if report.matches and report.store_verified else EXIT_FAILED
     console.print(
         Panel(
@@ -203,6 +204,30 @@ def _show(report: DemoReport, console: Console) -> None:
         highlight=False,
     )
     console.print(_disk_note(disk_use(report), store), highlight=False)
+    _trail(trail_tail(report), store, report.run, console)
+
+
+def _trail(tail: TrailTail, store: str, run: str, console: Console) -> None:
+    """The last acts of the run's audit trail, and whether its chains check out."""
+    verdict = "intact" if tail.intact else f"[red]broken[/red] ({'; '.join(tail.breaks)})"
+    console.print(
+        f"\nThe audit trail recorded {tail.total} acts on this run (chains {verdict}); these"
+        f" {len(tail.acts)} among them:",
+        highlight=False,
+    )
+    for act in tail.acts:
+        r = act.intent.record
+        step = "-" if r.step is None else str(r.step)
+        console.print(
+            f"  {r.time[11:23]}  {escape(r.actor)}  {r.act:<10} step {step:>3} on"
+            f" {escape(','.join(r.tiers))}: {escape(act.status)} ({escape(r.reason)})",
+            highlight=False,
+            soft_wrap=True,
+        )
+    console.print(
+        f"  mouthguard --store {store} audit {run}    # all of it; --check verifies the chains",
+        highlight=False,
+    )
 
 
 def _diverged(record: DivergedRecord) -> str:

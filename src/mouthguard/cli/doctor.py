@@ -18,6 +18,11 @@ capability was *measured* rather than declared, doctor says so:
 
 Then the policy's placement for each importance level on this store's tiers.
 
+Then the latest acts recorded on each checkpoint (the audit trail,
+:mod:`mouthguard.checkpoint.audit`; up to :data:`ACTS_SHOWN` per checkpoint for
+the :data:`CHECKPOINTS_SHOWN` most recently touched), and a warning for every
+break in the trail's chains (``mouthguard audit --check`` names them too).
+
 Warnings do not change the exit code: local tiers declared in distinct failure
 domains that sit on one filesystem (one device) are reported, since one disk
 failure loses both copies whatever the configuration says.
@@ -42,12 +47,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from mouthguard.checkpoint.audit import trail_keys
+from mouthguard.checkpoint.audit_check import Act, check_store, latest_acts, merged
 from mouthguard.checkpoint.gathering import tier_facts
 from mouthguard.checkpoint.store import Store
+from mouthguard.cli.audit import act_json
 from mouthguard.cli.common import EXIT_FAILED, EXIT_OK
 from mouthguard.cli.listing import damaged_checkpoints
 from mouthguard.cli.render import human_bytes
 from mouthguard.errors import MouthguardError, ObjectExistsError
+from mouthguard.format.audit_record import StoredRecord
 from mouthguard.policy.importance import Importance
 from mouthguard.policy.placement import Placement, placement_for
 from mouthguard.tiers.base import PutMode, Tier
@@ -218,6 +227,9 @@ def run(store: Store, args: argparse.Namespace, console: Console) -> int:
         for item in damaged_checkpoints(store)
     ]
     warnings = shared_devices(tiers)
+    breaks, trails = check_store(store.tiers, trail_keys(store.manifest_keys))
+    warnings += [f"audit trail: {b}" for b in breaks]
+    latest = _latest(merged(trails))
     if args.json:
         body = {
             "store": store.source,
@@ -226,11 +238,50 @@ def run(store: Store, args: argparse.Namespace, console: Console) -> int:
             "warnings": warnings,
             "tiers": [dataclasses.asdict(t) for t in tiers],
             "placement": {level.value: _placement_json(p) for level, p in placements.items()},
+            "latest_acts": [
+                {"run": run, "step": step, "acts": [act_json(a) for a in found]}
+                for (run, step), found in latest
+            ],
         }
         print(json.dumps(body))
     else:
         _print(store.source, tiers, placements, (problems, warnings), console)
+        _print_acts(latest, console)
     return EXIT_FAILED if problems else EXIT_OK
+
+
+#: Checkpoints whose latest acts doctor shows (the most recently touched), and acts each.
+CHECKPOINTS_SHOWN = 20
+ACTS_SHOWN = 3
+
+
+def _latest(records: list[StoredRecord]) -> list[tuple[tuple[str, int], list[Act]]]:
+    """The most recently touched checkpoints with their latest acts, newest first."""
+    per = latest_acts(records, ACTS_SHOWN)
+    ordered = sorted(per.items(), key=lambda kv: kv[1][0].intent.record.time, reverse=True)
+    return ordered[:CHECKPOINTS_SHOWN]
+
+
+def _print_acts(latest: list[tuple[tuple[str, int], list[Act]]], console: Console) -> None:
+    if not latest:
+        console.print("no acts recorded in the audit trail", highlight=False)
+        return
+    table = Table(title="latest acts per checkpoint (audit trail)", title_justify="left")
+    for column in ("run", "step", "when", "act", "actor", "outcome", "reason"):
+        table.add_column(column, justify="right" if column == "step" else "left")
+    for (run, step), found in latest:
+        for i, act in enumerate(found):
+            r = act.intent.record
+            table.add_row(
+                escape(run) if i == 0 else "",
+                str(step) if i == 0 else "",
+                r.time[:19].replace("T", " "),
+                r.act,
+                escape(r.actor),
+                escape(act.status),
+                escape(r.reason),
+            )
+    console.print(table)
 
 
 def _yes(value: bool | None) -> str:

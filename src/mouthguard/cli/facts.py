@@ -40,9 +40,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     for cmd in (hold, release):
         cmd.add_argument("--name", default="hold", help="hold name (default: hold)")
     imp.add_argument("level", help="transient, routine, milestone, critical (or golden)")
-    for cmd in (hold, imp):
-        cmd.add_argument("--reason", default="", help="why (recorded with the change)")
     for cmd in (hold, release, imp):
+        cmd.add_argument("--reason", default="", help="why (recorded with the change)")
+        cmd.add_argument(
+            "--actor",
+            default=None,
+            help="who acts, for the audit trail (default: $MOUTHGUARD_ACTOR, else user@host)",
+        )
         cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -81,7 +85,7 @@ def _facts_json(info: CheckpointInfo, **what: object) -> str:
 
 def _hold(store: Store, args: argparse.Namespace, console: Console) -> int:
     ckpt, _ = _existing(store, args.run, args.step)
-    info = ckpt.hold(args.step, args.name, reason=args.reason)
+    info = ckpt.hold(args.step, args.name, reason=args.reason, actor=args.actor)
     if args.json:
         print(_facts_json(info, hold=args.name, placed=True))
         return EXIT_OK
@@ -91,7 +95,7 @@ def _hold(store: Store, args: argparse.Namespace, console: Console) -> int:
 
 def _release(store: Store, args: argparse.Namespace, console: Console) -> int:
     ckpt, _ = _existing(store, args.run, args.step)
-    released = ckpt.release(args.step, args.name)
+    released = ckpt.release(args.step, args.name, reason=args.reason, actor=args.actor)
     if not released:
         print_error(f"no hold {args.name!r} on {args.run} step {args.step}")
     info = ckpt.info(args.step)
@@ -106,7 +110,7 @@ def _release(store: Store, args: argparse.Namespace, console: Console) -> int:
 def _importance(store: Store, args: argparse.Namespace, console: Console) -> int:
     level = parse_importance(args.level)  # ValueError (exit 2) names the accepted levels
     ckpt, before = _existing(store, args.run, args.step)
-    info = ckpt.set_importance(args.step, level, reason=args.reason)
+    info = ckpt.set_importance(args.step, level, reason=args.reason, actor=args.actor)
     if args.json:
         was, changed = before.importance.value, before.importance != level
         print(_facts_json(info, was=was, changed=changed))

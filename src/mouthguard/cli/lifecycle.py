@@ -7,6 +7,13 @@
 ``--grace-seconds``. Exit 0 (a failed action is reported, not fatal: the next
 pass retries it).
 
+The blast-radius limit (:mod:`mouthguard.policy.blast_radius`): a run whose pass
+would start deleting more than ``--max-delete-share`` of its checkpoints
+(default ``policy.max_delete_share``, 0.5) or any milestone has none of its
+deletions carried out; the command names what it would have deleted and why it
+stopped, carries out everything else, and exits 3 (``EXIT_REFUSED``). A dry run
+shows the same refusal and exits 0. ``--force`` lifts the limit.
+
 ``restore RUN STEP --to TIER`` makes a verified copy on TIER from an intact copy
 on another tier (exit 0, also when TIER already holds a valid copy; 1 when no
 intact source exists; 2 for an unknown tier, run or step). With ``--json`` it
@@ -38,6 +45,7 @@ from mouthguard.checkpoint.verification import verify_and_record
 from mouthguard.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_REFUSED,
     NON_NEGATIVE,
     STEP,
     Handler,
@@ -49,6 +57,8 @@ from mouthguard.cli.render import error_console, human_bytes
 from mouthguard.errors import CheckpointExistsError, MouthguardError
 from mouthguard.jobs.copy import CopyResult, copy_checkpoint
 from mouthguard.jobs.retention import AppliedAction, RetentionReport, apply_retention
+from mouthguard.policy.blast_radius import Refusal
+from mouthguard.policy.config import check_max_share
 from mouthguard.tiers.base import Tier
 
 
@@ -67,13 +77,43 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=DEFAULT_GRACE_SECONDS,
         help="interrupted saves younger than this are left alone (a save may be in flight)",
     )
+    gc.add_argument(
+        "--max-delete-share",
+        type=_share,
+        default=None,
+        metavar="SHARE",
+        help="refuse to start deleting more than this share of a run's checkpoints in one "
+        "pass (default: policy.max_delete_share, 0.5)",
+    )
+    gc.add_argument(
+        "--force",
+        action="store_true",
+        help="lift the blast-radius limit: delete whatever the policy says, milestones included",
+    )
+    gc.add_argument(
+        "--actor",
+        default=None,
+        help="who acts, for the audit trail (default: $MOUTHGUARD_ACTOR, else user@host)",
+    )
     gc.add_argument("--json", action="store_true", help="print JSON lines")
 
     restore = sub.add_parser("restore", help="make a verified copy on a tier from an intact one")
     restore.add_argument("run", help="the run's name")
     restore.add_argument("step", type=STEP, help="the checkpoint's step")
     restore.add_argument("--to", required=True, metavar="TIER", help="the tier to copy to")
+    restore.add_argument(
+        "--actor",
+        default=None,
+        help="who acts, for the audit trail (default: $MOUTHGUARD_ACTOR, else user@host)",
+    )
     restore.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _share(text: str) -> float:
+    try:
+        return check_max_share(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1]: {text!r}") from None
 
 
 @contextmanager
@@ -131,7 +171,14 @@ def _gc(store: Store, args: argparse.Namespace, console: Console) -> int:
     garbage: list[catalog.GarbageReport] = []
     with progress(console, show=args.apply and not args.json and console.is_terminal) as bar:
         task = bar.add_task("applying retention", total=None)
-        report = apply_retention(store, dry_run=not args.apply, runs=runs)
+        report = apply_retention(
+            store,
+            dry_run=not args.apply,
+            runs=runs,
+            force=args.force,
+            max_delete_share=args.max_delete_share,
+            actor=args.actor,
+        )
         bar.update(task, description="removing interrupted saves", total=len(runs), completed=0)
         for run in runs:
             if args.apply:
@@ -147,6 +194,8 @@ def _gc(store: Store, args: argparse.Namespace, console: Console) -> int:
             line = {"kind": "damaged_checkpoint", "run": item.run, "step": item.step}
             print(json.dumps({**line, "copies": [c.to_json() for c in item.copies]}))
         _gc_json(report, before, garbage)
+        for refusal in report.refused:
+            print(json.dumps(_refusal_json(refusal, report.dry_run)))
     else:
         _gc_tables(report, before, garbage, console)
         for item in lost:
@@ -162,7 +211,44 @@ def _gc(store: Store, args: argparse.Namespace, console: Console) -> int:
                 highlight=False,
                 soft_wrap=True,
             )
-    return EXIT_OK
+        for refusal in report.refused:
+            _print_refusal(refusal, report.dry_run, console)
+    return EXIT_REFUSED if report.refused and not report.dry_run else EXIT_OK
+
+
+def _refusal_json(refusal: Refusal, dry_run: bool) -> dict[str, object]:
+    return {
+        "kind": "refused",
+        "run": refusal.run,
+        "dry_run": dry_run,
+        "why": refusal.why,
+        "checkpoints": refusal.checkpoints,
+        "would_delete": [
+            {"step": d.step, "importance": d.importance.value, "reason": d.reason}
+            for d in refusal.would_delete
+        ],
+    }
+
+
+def _print_refusal(refusal: Refusal, dry_run: bool, console: Console) -> None:
+    verb = "--apply would refuse" if dry_run else "refused"
+    console.print(
+        f"[red]{verb}[/red] the deletions in run {escape(refusal.run)}: "
+        f"{escape(refusal.why)}. Nothing of this run was trashed or purged; "
+        "it would have deleted:",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for d in refusal.would_delete:
+        console.print(
+            f"  step {d.step} ({d.importance.value}): {escape(d.reason)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    console.print(
+        "Check the policy; rerun with --force (or a larger --max-delete-share) if this is meant.",
+        highlight=False,
+    )
 
 
 def _partial_saves(store: Store, run: str, grace: float) -> list[catalog.GarbageReport]:
@@ -367,7 +453,9 @@ def _restore(store: Store, args: argparse.Namespace, console: Console) -> int:
         for src in sources:
             bar.update(task, description=f"copying {run} step {step} {src.name} -> {dst.name}")
             try:
-                done.result = copy_checkpoint(src, dst, run, step)
+                done.result = copy_checkpoint(
+                    src, dst, run, step, reason=f"restore to {dst.name}", actor=args.actor
+                )
                 done.outcome = "restored"
                 break
             except CheckpointExistsError:

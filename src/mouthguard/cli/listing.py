@@ -18,6 +18,7 @@ from rich.table import Table
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, UnreadableCheckpoint
+from mouthguard.checkpoint.lineage import Link, chain
 from mouthguard.checkpoint.store import Store
 from mouthguard.cli.common import EXIT_OK, UsageError
 from mouthguard.cli.render import human_bytes, human_time
@@ -156,8 +157,9 @@ def show(store: Store, args: argparse.Namespace, console: Console) -> int:
                 f"on any tier: {unreadable[0].reason}"
             )
         raise UsageError(f"no committed checkpoint {args.run} step {args.step} in {store.source}")
+    links = chain(store, args.run, args.step)
     if args.json:
-        print(json.dumps(info.to_json(), indent=2))
+        print(json.dumps({**info.to_json(), "lineage": [_link_json(x) for x in links]}, indent=2))
         return EXIT_OK
     table = Table(title=f"{info.run} step {info.step}", show_header=False, title_justify="left")
     table.add_column("field")
@@ -188,4 +190,51 @@ def show(store: Store, args: argparse.Namespace, console: Console) -> int:
             status = "not verified"
         table.add_row(f"copy on {escape(c.tier)}", f"{escape(c.location)}  ({status})")
     console.print(table)
+    _print_chain(links, console)
     return EXIT_OK
+
+
+#: Links of a lineage chain ``show`` prints before eliding the middle (it keeps the oldest).
+_CHAIN_SHOWN = 40
+
+
+def _link_json(link: Link) -> dict[str, object]:
+    lineage = link.lineage
+    return {
+        "run": link.origin.run,
+        "step": link.origin.step,
+        "created": link.origin.created,
+        "missing": link.missing or None,
+        **({} if lineage is None else lineage.to_json()),
+    }
+
+
+def _link_text(link: Link) -> str:
+    where = f"{link.origin.run} step {link.origin.step}"
+    if link.lineage is None:
+        return f"{where}: {link.missing}"
+    parts = []
+    resumed, data = link.lineage.resumed_from, link.lineage.dataset
+    if resumed is not None:
+        parts.append(f"resumed from {resumed.run} step {resumed.step}")
+    if data is not None:
+        parts.append(
+            f"data {data.fingerprint[:16]} epoch {data.epoch} position {data.consumed}"
+            + (f" (state[{data.key!r}])" if data.key else "")
+        )
+    if link.lineage.parent is None:
+        parts.append("first checkpoint (no parent recorded)")
+    return f"{where}: " + "; ".join(parts) if parts else where
+
+
+def _print_chain(links: list[Link], console: Console) -> None:
+    """The lineage, newest first, back to the first checkpoint."""
+    console.print("lineage (newest first):", highlight=False)
+    shown = links
+    if len(links) > _CHAIN_SHOWN:
+        shown = [*links[: _CHAIN_SHOWN - 1], links[-1]]
+    for i, link in enumerate(shown):
+        if i == _CHAIN_SHOWN - 1 and len(links) > _CHAIN_SHOWN:
+            console.print(f"  ... {len(links) - _CHAIN_SHOWN} more", highlight=False)
+        arrow = "  " if i == 0 else "  <- "
+        console.print(f"{arrow}{escape(_link_text(link))}", highlight=False, soft_wrap=True)

@@ -3,7 +3,8 @@
 One module per command group: :mod:`~mouthguard.cli.listing` (ls, show),
 :mod:`~mouthguard.cli.checking` (verify, scrub), :mod:`~mouthguard.cli.lifecycle`
 (gc, restore), :mod:`~mouthguard.cli.facts` (hold, release, promote with its
-aliases demote and importance), :mod:`~mouthguard.cli.replication` (replicate),
+aliases demote and importance), :mod:`~mouthguard.cli.audit` (audit),
+:mod:`~mouthguard.cli.replication` (replicate),
 :mod:`~mouthguard.cli.agent`, :mod:`~mouthguard.cli.doctor`,
 :mod:`~mouthguard.cli.demo`, :mod:`~mouthguard.cli.plan`,
 :mod:`~mouthguard.cli.simulate`, :mod:`~mouthguard.cli.chaos`, :mod:`~mouthguard.cli.data`,
@@ -14,9 +15,11 @@ builds the parser and maps what a command raises to an exit code.
 Exit codes (:mod:`mouthguard.cli.common`): 0 success; 1 a checkpoint copy or one
 of its sidecars is invalid (``verify``), a copy is damaged (``scrub``), no intact
 source exists (``restore``), not protected (``replicate``), a placement is
-unsatisfiable (``doctor``), there is no such hold (``release``), an invariant broke
+unsatisfiable (``doctor``), there is no such hold (``release``), the audit
+trail is broken (``audit --check``), an invariant broke
 under injected faults (``chaos``), or the demo did not reproduce the reference
-run; 2 usage errors (bad arguments, unknown store, tier, run or step); 130
+run; 2 usage errors (bad arguments, unknown store, tier, run or step); 3 a
+safety limit refused (``gc --apply`` past the blast-radius limit); 130
 interrupted; 141 (128 + SIGPIPE) when the reader of the output went away
 (``mouthguard ls --json | head -1``): the command stops quietly, as Unix tools do.
 Bad data never produces a traceback: every :class:`MouthguardError` becomes a
@@ -41,6 +44,7 @@ from pathlib import Path
 from mouthguard.checkpoint.store import open_store
 from mouthguard.cli import (
     agent,
+    audit,
     chaos,
     checking,
     data,
@@ -129,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     replication.add_parser(sub)
     agent.add_parser(sub)
     doctor.add_parser(sub)
+    audit.add_parser(sub)
     demo = sub.add_parser("demo", help="train, crash, corrupt, resume: watch a run survive")
     demo.add_argument("--json", action="store_true", help="print one JSON object at the end")
     plan.add_parser(sub)
@@ -168,6 +173,7 @@ _HANDLERS: dict[str, Handler] = {
     "doctor": doctor.run,
     "chaos": chaos.run,
     **serve.HANDLERS,
+    **audit.HANDLERS,
 }
 
 

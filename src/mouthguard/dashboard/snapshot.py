@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mouthguard.checkpoint.audit_check import latest_acts, merged, read_trails
 from mouthguard.checkpoint.describe import describe_view, unreadable_checkpoints
 from mouthguard.checkpoint.gathering import CheckpointView, gather, runs_of, steps_of, tier_facts
 from mouthguard.checkpoint.info import CheckpointInfo, UnreadableCheckpoint
@@ -147,6 +148,7 @@ def take_snapshot(
         )
     rows = [_row(describe_view(store, v), v, by_key[v.facts.key], deleting) for v in views]
     rows += [_unreadable_row(u) for u in unreadable]
+    _add_acts(store, rows, errors)
     rows.sort(key=lambda r: (r["run"], r["step"]))
     pending.sort(key=lambda p: (p["run"], p["step"], p["tier"]))
     return Snapshot(
@@ -158,6 +160,28 @@ def take_snapshot(
         pending=tuple(pending),
         errors=tuple(errors),
     )
+
+
+#: Acts per checkpoint the page shows (the newest first).
+ACTS_SHOWN = 3
+
+
+def _add_acts(store: Store, rows: list[Row], errors: list[str]) -> None:
+    """Give every row ``acts``: its latest acts in the audit trail, newest first."""
+    trails = read_trails(store.tiers)
+    errors.extend(f"audit trail on {t}: {why}" for t, why in trails.unreadable.items())
+    latest = latest_acts(merged(trails), ACTS_SHOWN)
+    for row in rows:
+        row["acts"] = [
+            {
+                "time": a.intent.record.time,
+                "act": a.intent.record.act,
+                "actor": a.intent.record.actor,
+                "status": a.status,
+                "reason": a.intent.record.reason,
+            }
+            for a in latest.get((row["run"], row["step"]), [])
+        ]
 
 
 def _tier_row(store: Store, index: int) -> Row:

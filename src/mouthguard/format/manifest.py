@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from mouthguard.errors import FormatError, InvalidKeyError, ManifestError, SignatureError
 from mouthguard.format.checksum import SHA256, XXH3_128, validate_digest
 from mouthguard.format.dtypes import itemsize, validate_shape
+from mouthguard.format.lineage import Lineage
 from mouthguard.format.rank_file import HEADER_ALIGN
 from mouthguard.format.sealed import SealError, seal, unseal
 from mouthguard.format.signing import SignFunction, verify
@@ -157,6 +158,8 @@ class Manifest:
     dcp: JsonValue = None
     #: How the save went (``Checkpointer`` saves); None for DCP and older manifests.
     save: SaveTiming | None = None
+    #: What the checkpoint came from (:mod:`mouthguard.format.lineage`); None when unknown.
+    lineage: Lineage | None = None
 
     @property
     def is_dcp(self) -> bool:
@@ -220,6 +223,8 @@ class Manifest:
         if self.dcp is not None:
             # Only when present: manifests without it keep their exact bytes and checksum.
             body["dcp"] = self.dcp
+        if self.lineage:
+            body["lineage"] = self.lineage.to_json()
         return seal(body, None if keys is None else SignFunction(keys))
 
     @classmethod
@@ -304,6 +309,7 @@ def _validate(body: JsonValue) -> Manifest:
     if "dcp" in body and not isinstance(dcp, dict):
         raise ManifestError(f"manifest field 'dcp' must be an object, got {type(dcp).__name__}")
     save = SaveTiming.from_json(body["save"]) if "save" in body else None
+    lineage = Lineage.from_json(body["lineage"]) if "lineage" in body else None
     return Manifest(
         run=run,
         step=step,
@@ -317,6 +323,7 @@ def _validate(body: JsonValue) -> Manifest:
         reference=body.get("reference"),
         dcp=dcp,
         save=save,
+        lineage=lineage,
     )
 
 

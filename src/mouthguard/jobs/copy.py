@@ -25,9 +25,10 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.audit import audited
 from mouthguard.checkpoint.hints import pass_hint_down
 from mouthguard.checkpoint.quarantine import SetAside, set_aside_confirmed
 from mouthguard.checkpoint.reader import read_manifest
@@ -123,9 +124,20 @@ class _SourceStream:
 
 
 def copy_checkpoint(
-    src: Tier, dst: Tier, run: str, step: int, *, gate: BurstGate | None = None
+    src: Tier,
+    dst: Tier,
+    run: str,
+    step: int,
+    *,
+    gate: BurstGate | None = None,
+    reason: str = "replication",
+    actor: str | None = None,
 ) -> CopyResult:
     """Copy committed checkpoint ``run``/``step`` from ``src`` to ``dst`` and verify it.
+
+    The copy is an act of the audit trail (``copy``, on ``dst``'s trail, with
+    ``reason``): its intent is recorded before anything is written, its outcome
+    after the read-back.
 
     Raises:
         SourceDamagedError: the source copy failed verification while being read
@@ -140,9 +152,31 @@ def copy_checkpoint(
     yielded_before = gate.yielded_seconds if gate is not None else 0.0
     manifest = read_manifest(src, run, step)
     raw_manifest = src.get(catalog.manifest_key(run, step))
-    dst_ref = CopyRef(dst, run, step)
     if dst.exists(catalog.manifest_key(run, step)):
-        _clear_destination(dst_ref)
+        _clear_destination(CopyRef(dst, run, step))  # a set-aside there is its own act
+    # The intent goes down just before the first byte of the copy does.
+    with audited("copy", run, step, [dst], reason, actor, extra=(("from", src.name),)):
+        result = _copy(src, dst, manifest, raw_manifest, gate)
+    yielded = (gate.yielded_seconds - yielded_before) if gate is not None else 0.0
+    result = replace(result, seconds=time.monotonic() - started, yielded_seconds=yielded)
+    log.info(
+        "replicated %s step %d %s -> %s (%d bytes, %.2f s, verified)",
+        run,
+        step,
+        src.name,
+        dst.name,
+        manifest.nbytes,
+        result.seconds,
+    )
+    return result
+
+
+def _copy(
+    src: Tier, dst: Tier, manifest: Manifest, raw_manifest: bytes, gate: BurstGate | None
+) -> CopyResult:
+    """Write, commit and read back the copy (``seconds`` and ``yielded_seconds`` left 0)."""
+    run, step = manifest.run, manifest.step
+    dst_ref = CopyRef(dst, run, step)
     staging = staging_prefix(dst, run, step, catalog.new_transaction_id())
     final = catalog.checkpoint_prefix(run, step)
     try:
@@ -176,20 +210,7 @@ def copy_checkpoint(
     except MouthguardError as exc:
         log.info("could not record the source's receipt on %s: %s", src.name, exc)
     _copy_facts(CopyRef(src, run, step), dst_ref, manifest)
-    yielded = (gate.yielded_seconds - yielded_before) if gate is not None else 0.0
-    result = CopyResult(
-        run, step, src.name, dst.name, manifest.nbytes, time.monotonic() - started, yielded
-    )
-    log.info(
-        "replicated %s step %d %s -> %s (%d bytes, %.2f s, verified)",
-        run,
-        step,
-        src.name,
-        dst.name,
-        manifest.nbytes,
-        result.seconds,
-    )
-    return result
+    return CopyResult(run, step, src.name, dst.name, manifest.nbytes, 0.0, 0.0)
 
 
 def _clear_destination(dst_ref: CopyRef) -> None:

@@ -253,7 +253,8 @@ class Replicator:
         run, step = view.facts.run, view.facts.step
         for src in [t for t in good if t is not dst]:
             try:
-                return copy_checkpoint(src, dst, run, step, gate=self.gate)
+                why = f"replication: the placement needs a copy on {dst.name}"
+                return copy_checkpoint(src, dst, run, step, gate=self.gate, reason=why)
             except SourceDamagedError as exc:
                 # Never propagate a damaged copy: try the next source, and set this
                 # one aside (if confirmed) when another intact copy can replace it.

@@ -10,6 +10,17 @@ copy. Execution:
             before any data object goes; then the data; then the sidecars
 ``demote``  delete the fast copy the same way (a verified placement remains elsewhere)
 
+The blast-radius limit (:mod:`mouthguard.policy.blast_radius`): before any
+action runs, a run whose pass would start deleting more than
+``policy.max_delete_share`` of its checkpoints, or any milestone, has all its
+trash and purge actions withheld (``report.refused`` says what they would have
+deleted and why); ``force=True`` lifts the limit.
+
+Copies of one checkpoint are purged in tier order (the fast tier first, the
+farthest region last); a purge that fails holds back the later ones of that
+checkpoint until a later pass, so the copy in another region is never the first
+to go.
+
 Safety is the policy's job (holds, the newest valid checkpoint, the last
 verified copy, the trash delay are all enforced there and tested there); this
 module adds one guard of its own: before deleting a copy it re-reads the facts,
@@ -24,6 +35,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from mouthguard.checkpoint.audit import audited
 from mouthguard.checkpoint.gathering import CheckpointView, gather, runs_of, steps_of, tier_facts
 from mouthguard.checkpoint.reader import Pause
 from mouthguard.checkpoint.sidecars import (
@@ -35,6 +47,7 @@ from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.verification import verify_and_record
 from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
+from mouthguard.policy.blast_radius import Refusal, check_blast_radius
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.deletion import CopyAction, decide_deletions
 from mouthguard.policy.facts import TierFacts
@@ -64,6 +77,8 @@ class RetentionReport:
     dry_run: bool = False
     #: Runs left alone this pass because a tier failed while reading their facts.
     skipped: list[str] = field(default_factory=list)
+    #: Runs whose deletions the blast-radius limit withheld this pass.
+    refused: list[Refusal] = field(default_factory=list)
 
     def count(self, kind: str) -> int:
         """How many actions of ``kind`` were (or would be, in a dry run) carried out."""
@@ -110,6 +125,9 @@ def apply_retention(
     dry_run: bool = False,
     runs: Iterable[str] | None = None,
     pause: Pause | None = None,
+    force: bool = False,
+    max_delete_share: float | None = None,
+    actor: str | None = None,
 ) -> RetentionReport:
     """Decide and (unless ``dry_run``) apply retention to every checkpoint of ``store``.
 
@@ -119,6 +137,16 @@ def apply_retention(
     ``pause`` (the background service passes its burst gate's ``wait``) is called
     before every action and between the chunks of a demotion's re-reads, so
     retention never competes with a checkpoint save for the disk.
+
+    ``max_delete_share`` overrides the policy's blast-radius limit for this pass;
+    ``force`` lifts it (and the milestone rule) entirely.
+
+    Every trash, restore, purge and demotion is recorded in the audit trail of
+    the copy's tier (:mod:`mouthguard.checkpoint.audit`) by ``actor`` (default
+    ``user@host``), its intent before the act.
+
+    Raises:
+        ValueError: ``max_delete_share`` is not in (0, 1].
     """
     policy = policy or store.policy
     now = time.time() if now is None else now
@@ -138,12 +166,49 @@ def apply_retention(
             report.skipped.append(f"run {run}: {exc}")
             continue
         views.extend(run_views)
+    share = policy.max_delete_share if max_delete_share is None else max_delete_share
     report.decisions, planned = plan_retention(views, tier_facts(store), policy, now)
+    if not force:
+        planned = _within_blast_radius(views, planned, share, report)
+    # Copies are purged in tier order (fast first, the farthest region last). A purge
+    # that fails holds back the later ones of that checkpoint until the next pass, so
+    # a copy in another region is never the first to go.
+    stalled: dict[tuple[str, int], str] = {}
     for view, action in planned:
+        key = view.facts.key
+        if action.action == "purge" and key in stalled:
+            why = f"waits: the copy on {stalled[key]} was not purged first"
+            report.actions.append(AppliedAction(key[0], key[1], action, False, why))
+            continue
         if pause is not None and not dry_run:
             pause()
-        report.actions.append(_apply(store, view, action, now, dry_run, pause))
+        applied = _apply(store, view, action, now, dry_run, pause, actor)
+        if action.action == "purge" and applied.error is not None:
+            stalled[key] = action.tier
+        report.actions.append(applied)
     return report
+
+
+def _within_blast_radius(
+    views: Sequence[CheckpointView],
+    planned: list[tuple[CheckpointView, CopyAction]],
+    share: float,
+    report: RetentionReport,
+) -> list[tuple[CheckpointView, CopyAction]]:
+    """``planned`` less the trash and purge actions of runs the limit refuses."""
+    refusals = check_blast_radius(
+        [v.facts for v in views], [(v.facts, a) for v, a in planned], share
+    )
+    report.refused.extend(refusals)
+    for refusal in refusals:
+        steps = ", ".join(str(d.step) for d in refusal.would_delete)
+        log.warning("retention of run %s refused: %s (steps %s)", refusal.run, refusal.why, steps)
+    refused = {r.run for r in refusals}
+    return [
+        (v, a)
+        for v, a in planned
+        if v.facts.run not in refused or a.action not in ("trash", "purge")
+    ]
 
 
 def plan_retention(
@@ -171,6 +236,34 @@ def plan_retention(
     return decisions, planned
 
 
+def _carry_out(  # noqa: PLR0917 - one action's whole context, from one caller
+    store: Store,
+    view: CheckpointView,
+    ref: CopyRef,
+    action: CopyAction,
+    when: dt.datetime,
+    pause: Pause | None,
+) -> AppliedAction:
+    """Do one copy action (its audit record is the caller's)."""
+    run, step = view.facts.run, view.facts.step
+    if action.action == "keep":
+        return AppliedAction(run, step, action, restore_from_trash(ref))
+    if action.action == "trash":
+        mark_trashed(ref, action.reason, when)
+        return AppliedAction(run, step, action, True)
+    # purge or demote
+    fresh = gather(store, run, step)
+    if fresh is None or fresh.facts.held:
+        return AppliedAction(run, step, action, False, "held since the decision: kept")
+    if action.action == "demote":
+        damage = _first_damaged_other_copy(fresh, action.tier, when, pause=pause)
+        if damage is not None:
+            return AppliedAction(run, step, action, False, damage)
+    done = delete_copy(ref) > 0
+    log.warning("retention %s %s: %s", action.action, ref, action.reason)
+    return AppliedAction(run, step, action, done)
+
+
 def _apply(  # noqa: PLR0917 - one action's whole context, from one caller
     store: Store,
     view: CheckpointView,
@@ -178,6 +271,7 @@ def _apply(  # noqa: PLR0917 - one action's whole context, from one caller
     now: float,
     dry_run: bool,
     pause: Pause | None,
+    actor: str | None,
 ) -> AppliedAction:
     run, step = view.facts.run, view.facts.step
     copy = next((c for c in view.facts.copies if c.tier == action.tier), None)
@@ -185,24 +279,17 @@ def _apply(  # noqa: PLR0917 - one action's whole context, from one caller
         return AppliedAction(run, step, action, done=False)
     ref = CopyRef(store.tier(action.tier), run, step)
     when = dt.datetime.fromtimestamp(now, dt.UTC)
+    if action.action == "keep" and copy.trashed_at is None:
+        return AppliedAction(run, step, action, False)  # nothing to do: no act, no record
+    if action.action == "trash" and copy.trashed_at is not None:
+        return AppliedAction(run, step, action, False)  # still waiting out the delay
+    act = "restore" if action.action == "keep" else action.action
     try:
-        if action.action == "keep":
-            done = copy.trashed_at is not None and restore_from_trash(ref)
-        elif action.action == "trash":
-            done = copy.trashed_at is None
-            if done:
-                mark_trashed(ref, action.reason, when)
-        else:  # purge or demote
-            fresh = gather(store, run, step)
-            if fresh is None or fresh.facts.held:
-                return AppliedAction(run, step, action, False, "held since the decision: kept")
-            if action.action == "demote":
-                damage = _first_damaged_other_copy(fresh, action.tier, when, pause=pause)
-                if damage is not None:
-                    return AppliedAction(run, step, action, False, damage)
-            done = delete_copy(ref) > 0
-            log.warning("retention %s %s: %s", action.action, ref, action.reason)
+        with audited(act, run, step, [ref.tier], action.reason, actor, store.manifest_keys) as out:
+            applied = _carry_out(store, view, ref, action, when, pause)
+            if not applied.done:
+                out.result, out.detail = "not needed", applied.error or ""
+            return applied
     except MouthguardError as exc:
         log.warning("retention %s of %s failed: %s", action.action, ref, exc)
         return AppliedAction(run, step, action, False, str(exc))
-    return AppliedAction(run, step, action, done)

@@ -238,6 +238,9 @@ class FaultyTier(WrappedTier):
         confine_to: if set, writes to keys outside this prefix are refused
             (:class:`ConfinementError`) and recorded in :attr:`outside`.
         clock: what injected delays sleep on (the real clock by default).
+        exempt: keys under this prefix get no faults and pass the confinement
+            (chaos exempts the store's audit trail: its records are the truth
+            about the acts of the run, not part of the experiment).
 
     Attributes:
         injected: how many faults of each kind were injected.
@@ -254,8 +257,10 @@ class FaultyTier(WrappedTier):
         seed: int = 0,
         confine_to: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        exempt: str | None = None,
     ) -> None:
         super().__init__(inner)
+        self.exempt = exempt
         self.plan = plan
         self.clock = clock
         self.confine_to = confine_to
@@ -268,8 +273,13 @@ class FaultyTier(WrappedTier):
 
     # --- the dice ------------------------------------------------------------
 
+    def _exempt(self, key: str) -> bool:
+        return self.exempt is not None and key.startswith(self.exempt)
+
     def _hit(self, rate: float, op: str, key: str) -> bool:
         if not self.enabled or rate <= 0 or not self.plan.applies_to(op, key):
+            return False
+        if self._exempt(key):
             return False
         with self._lock:
             return self._rng.random() < rate
@@ -296,7 +306,7 @@ class FaultyTier(WrappedTier):
         if self.confine_to is None:
             return
         for key in keys:
-            if not key.startswith(self.confine_to):
+            if not key.startswith(self.confine_to) and not self._exempt(key):
                 with self._lock:
                     self.outside.append(key)
                 raise ConfinementError(

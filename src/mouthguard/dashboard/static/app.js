@@ -131,6 +131,13 @@ function stateCell(row) {
     td.append(" ", el("span", { class: "state suspect" }, "suspect"),
       el("div", { class: "reason" }, row.suspect));
   }
+  // The audit trail's latest act; hover for the last few (mouthguard audit has them all).
+  const acts = row.acts || [];
+  if (acts.length) {
+    const all = acts.map((a) => when(a.time) + " " + a.act + " by " + a.actor + ": " + a.status
+      + (a.reason ? " (" + a.reason + ")" : "")).join("\n");
+    td.append(el("div", { class: "last-act", title: all }, "last: " + acts[0].act + " by " + acts[0].actor));
+  }
   return td;
 }
 
