@@ -219,7 +219,7 @@ def _link_text(link: Link) -> str:
         parts.append(f"resumed from {resumed.run} step {resumed.step}")
     if data is not None:
         parts.append(
-            f"data {data.fingerprint[:16]} epoch {data.epoch} position {data.consumed}"
+            f"data {data.fingerprint[:24]} epoch {data.epoch} position {data.consumed}"
             + (f" (state[{data.key!r}])" if data.key else "")
         )
     if link.lineage.parent is None:
