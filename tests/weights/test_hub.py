@@ -116,3 +116,16 @@ def test_a_model_folder_without_refs_main_says_which_snapshots_exist(tmp_path: P
     (cache / "models--org--tiny" / "refs" / "main").unlink()
     with pytest.raises(WeightsError, match=REVISION):
         weights.load(cache / "models--org--tiny")
+
+
+def test_links_outside_a_hub_snapshot_are_named_not_reported_missing(tmp_path: Path) -> None:
+    # A plain folder of links (not a hub snapshot): the local tier never follows them,
+    # and the error says so instead of claiming there is no index.
+    snapshot = make_hub_cache(tmp_path / "hub", write_sharded(tmp_path / "m", model_state()))
+    links = tmp_path / "links"
+    links.mkdir()
+    for path in snapshot.iterdir():
+        (links / path.name).symlink_to(path.resolve())
+    with pytest.raises(WeightsError, match="is a symbolic link") as excinfo:
+        weights.load(links)
+    assert "hub cache snapshot" in str(excinfo.value)

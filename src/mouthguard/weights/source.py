@@ -125,6 +125,14 @@ def open_source(
     single = join_key(prefix, SINGLE_NAME)
     if tier.exists(single):
         return WeightSource(tier, (WeightFile(single, SINGLE_NAME),), "safetensors", description)
+    if isinstance(tier, LocalTier) and any(
+        (Path(description) / name).is_symlink() for name in (INDEX_NAME, SINGLE_NAME)
+    ):
+        raise WeightsError(
+            f"{description}: its {INDEX_NAME} or {SINGLE_NAME} is a symbolic link, and links "
+            "are followed only inside a hub cache snapshot (models--org--name/snapshots/<rev>): "
+            "load the snapshot, or copy the files here"
+        )
     raise WeightsError(
         f"{description}: no {INDEX_NAME}, {SINGLE_NAME} or checkpoint {MANIFEST_NAME} "
         "(a checkpoint store needs run=)"
