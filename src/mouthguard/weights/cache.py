@@ -134,11 +134,13 @@ def localize(source: WeightSource, cache_dir: Path) -> Localized:
 
 
 def _versions(folder: Path, keep: str) -> list[Path]:
-    """The cached versions of one file other than ``keep`` (never temporary files)."""
+    """The cached versions of one file other than ``keep`` (never temporary files).
+
+    Creates ``folder`` if missing. A file in its place is a copy in the earlier
+    one-file-per-name layout, of no known version: it is removed (a cache miss).
+    """
     if folder.is_file() or folder.is_symlink():
-        folder.unlink()  # a copy in the earlier one-file-per-name layout: no version known
-        folder.mkdir()
-        return [folder]
+        folder.unlink()
     folder.mkdir(exist_ok=True)
     return [p for p in folder.iterdir() if p.name != keep and not p.name.startswith(".")]
 
