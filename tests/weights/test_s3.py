@@ -95,6 +95,7 @@ def test_a_checkpoint_on_s3_is_verified_on_download_and_on_load(
     remote[-1] ^= 0xFF
     tier.put(key, [bytes(remote)])
     fresh = tmp_path / "fresh"
-    with pytest.raises(ChecksumMismatchError, match="downloaded bytes"):
+    with pytest.raises(ChecksumMismatchError, match="downloaded bytes") as excinfo:
         weights.load(tier, run="r", cache_dir=fresh)
+    assert "rank-00000.safetensors of run 'r' step 3" in str(excinfo.value)
     assert not list(fresh.glob("*/*.safetensors/*"))  # no version of it cached

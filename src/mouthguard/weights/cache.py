@@ -114,7 +114,8 @@ def localize(source: WeightSource, cache_dir: Path) -> Localized:
         target = directory / file.name / version
         if not (target.is_file() and target.stat().st_size == info.size):
             older = _versions(directory / file.name, keep=version)
-            _download(source, file, info, target)
+            with source.naming(file):
+                _download(source, file, info, target)
             downloaded += info.size
             if older:
                 refreshed.append(file.name)

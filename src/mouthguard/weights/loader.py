@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint.host_ring import SLOT_BYTES, HostRing
-from mouthguard.errors import ChecksumMismatchError, MouthguardError, WeightsError
+from mouthguard.errors import ChecksumMismatchError, WeightsError
 from mouthguard.format.dtypes import torch_dtype
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.local import LocalTier
@@ -254,24 +254,8 @@ def _read_one(
 
     An error names the file, and the checkpoint's run and step where it is one.
     """
-    try:
+    with source.naming(file):
         return _read_planned(source, file, options)
-    except MouthguardError as exc:
-        about = _about(source, file, exc)
-        if about is exc:
-            raise
-        raise about from exc
-
-
-def _about(source: WeightSource, file: WeightFile, exc: MouthguardError) -> MouthguardError:
-    """``exc`` (same type) with the file, run and step it concerns in front, if it lacks them."""
-    where, message = source.where(file), str(exc)
-    if where in message:
-        return exc
-    try:
-        return type(exc)(f"{where}: {message.removeprefix(f'{file.name}: ')}")
-    except TypeError:  # an error type with its own constructor: keep it as it is
-        return exc
 
 
 def _read_planned(

@@ -25,8 +25,9 @@ tensor it maps must be in its shard's header (:mod:`mouthguard.weights.plan`).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,25 @@ class WeightSource:
         if self.run is not None:
             return f"{file.name} of run {self.run!r} step {self.step} ({self.description})"
         return f"{self.description}/{file.name}"
+
+    @contextlib.contextmanager
+    def naming(self, file: WeightFile) -> Iterator[None]:
+        """Re-raise a mouthguard error from the block as the same type naming ``file``.
+
+        The message gains :meth:`where` in front unless it names it already; an
+        error type that cannot be built from a message alone passes unchanged.
+        """
+        try:
+            yield
+        except MouthguardError as exc:
+            where, message = self.where(file), str(exc)
+            named: MouthguardError | None = None
+            if where not in message:
+                with contextlib.suppress(TypeError):  # a type with its own constructor
+                    named = type(exc)(f"{where}: {message.removeprefix(f'{file.name}: ')}")
+            if named is None:
+                raise
+            raise named from exc
 
 
 def open_source(
