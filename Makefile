@@ -53,15 +53,16 @@ $(VLLM_STAMP): scripts/install-vllm-env.sh pyproject.toml constraints.txt | $(ST
 vllm: $(VLLM_STAMP)
 
 # In parallel (-n auto): the suite must not depend on timing. The engine tests (marked
-# `engine` by tests/integrations/conftest.py) run last, so that building .venv-vllm
-# overlaps the rest of the suite instead of delaying it.
-PYTEST := $(BIN)/pytest -q -n auto --dist loadgroup
+# `engine` by tests/integrations/conftest.py) wait for .venv-vllm, not for the rest of
+# the suite: building it and then running them, one engine at a time (-n 0), overlaps
+# the other tests instead of delaying them.
+PYTEST := $(BIN)/pytest -q --dist loadgroup
 
 pytest-main: $(STAMP) system-deps
-	$(PYTEST) -m "not engine"
+	$(PYTEST) -n auto -m "not engine"
 
-pytest-engine: $(VLLM_STAMP) pytest-main
-	$(PYTEST) -m engine
+pytest-engine: $(STAMP) $(VLLM_STAMP)
+	$(PYTEST) -n 0 -m engine
 
 pytest: pytest-main pytest-engine
 
