@@ -128,6 +128,10 @@ class NodeArea:
         """Remove one file of an uncommitted step (an earlier attempt's leftover)."""
         self.tier.delete(catalog.checkpoint_prefix(run, step) + name)
 
+    def runs(self) -> list[str]:
+        """Runs with anything in this area."""
+        return catalog.list_runs(self.tier)
+
     def discard_step(self, run: str, step: int) -> None:
         """Delete ``step`` from this area (one that can never be loaded)."""
         shutil.rmtree(self.step_path(run, step), ignore_errors=True)
@@ -149,3 +153,15 @@ class NodeArea:
             self.discard_step(run, step)
             deleted += 1
         return deleted
+
+
+def node_areas(path: str | os.PathLike[str]) -> list[NodeArea]:
+    """The node areas under ``path`` (``node-*`` directories), by name; none if it is absent."""
+    root = Path(path)
+    if not root.is_dir():
+        return []
+    return [
+        NodeArea(root, entry.name.removeprefix("node-"))
+        for entry in sorted(root.iterdir())
+        if entry.is_dir() and entry.name.startswith("node-")
+    ]
