@@ -65,12 +65,18 @@ def choose(inventories: list[Inventory], domains: list[str]) -> Choice:
     lost: dict[int, list[int]] = {}
     for step in steps:
         sources: dict[int, int] = {}
+        sending = dict.fromkeys(range(world), 0)
         missing = []
         for rank in range(world):
             holding = [q for q in range(world) if rank in inventories[q].get(step, ())]
             local = [q for q in holding if domains[q] == domains[rank]]
-            if local or holding:
-                sources[rank] = (local or holding)[0]
+            if local:
+                sources[rank] = local[0]
+            elif holding:
+                # Spread the sending over the holders' ranks: one rank sending every
+                # lost file would make the resume as slow as its one link.
+                sources[rank] = min(holding, key=lambda q: (sending[q], q))
+                sending[sources[rank]] += 1
             else:
                 missing.append(rank)
         if not missing:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from mouthguard.errors import RankLostError
+from mouthguard.errors import CorruptCheckpointError, RankLostError
 from mouthguard.format.checksum import StreamHasher
 
 
@@ -89,8 +89,8 @@ class PeerLink:
                 inbound: list[tuple[Transfer, Any]] = []
                 for tag, t in sending:
                     if start < t.size:
-                        data = reads[t].read(min(chunk_bytes, t.size - start))
-                        chunk = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                        chunk = torch.empty(min(chunk_bytes, t.size - start), dtype=torch.uint8)
+                        _read_exactly(reads[t], memoryview(chunk.numpy()))  # type: ignore[arg-type]
                         works.append(self._send(chunk, t.dst, tag))
                 for tag, t in receiving:
                     if start < t.size:
@@ -123,3 +123,19 @@ class PeerLink:
     def _recv(self, chunk: Any, src: int, tag: int) -> Any:
         peer = self._dist.get_global_rank(self._group, src)
         return self._dist.irecv(chunk, peer, group=self._group, tag=tag)
+
+
+def _read_exactly(source: BinaryIO, into: memoryview) -> None:
+    """Fill ``into`` from ``source`` (straight into the send buffer: no extra copy).
+
+    Raises:
+        CorruptCheckpointError: the file is shorter than its record says.
+    """
+    filled = 0
+    while filled < into.nbytes:
+        got = source.readinto(into[filled:])  # type: ignore[attr-defined]
+        if not got:
+            raise CorruptCheckpointError(
+                f"peer memory: {source.name} ended after {filled} of {into.nbytes} bytes"
+            )
+        filled += got
