@@ -113,7 +113,7 @@ def test_gc_and_doctor_name_them(damaged_store: Path, capsys: pytest.CaptureFixt
     assert any("r step 2 is damaged on every tier" in p for p in body["problems"])
 
 
-def test_ls_peers_shows_the_steps_held_in_peer_memory(
+def test_ls_and_doctor_show_the_steps_held_in_peer_memory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root, shm = tmp_path / "store", tmp_path / "shm"
@@ -133,3 +133,9 @@ def test_ls_peers_shows_the_steps_held_in_peer_memory(
     assert code == 0 and "peer memory" in out and "n0" in out and "no checkpoints" in out
     code, out, _ = _run(capsys, "--store", str(root), "ls", "--peers", str(tmp_path / "none"))
     assert code == 0 and "no checkpoints" in out
+    code, out, _ = _run(capsys, "--store", str(root), "doctor", "--peers", str(shm), "--json")
+    summary = json.loads(out)["peer_memory"]
+    assert summary == {"path": str(shm), "nodes": 1, "steps": 2, "bytes": summary["bytes"]}
+    assert summary["bytes"] == sum(r["bytes"] for r in rows)
+    code, out, _ = _run(capsys, "--store", str(root), "doctor", "--peers", str(shm))
+    assert "peer memory" in out and "2 step(s) held" in out
