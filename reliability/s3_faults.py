@@ -81,6 +81,7 @@ _WATCHED = (
     "head",
     "exists",
     "list",
+    "list_info",
     "list_dirs",
     "delete",
     "annotate",

@@ -111,3 +111,31 @@ def test_gc_and_doctor_name_them(damaged_store: Path, capsys: pytest.CaptureFixt
     body = json.loads(out)
     assert code == 1 and not body["ok"]
     assert any("r step 2 is damaged on every tier" in p for p in body["problems"])
+
+
+def test_ls_and_doctor_show_the_steps_held_in_peer_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, shm = tmp_path / "store", tmp_path / "shm"
+    peers = mouthguard.PeerMemory(replication_factor=1, path=shm, domains={0: "n0"}, keep=2)
+    ckpt = mouthguard.Checkpointer(mouthguard.open_store(root), "r", background=False, peers=peers)
+    for step in (1, 2, 3):
+        ckpt.save(step, {"w": torch.arange(4096, dtype=torch.float32)})  # routine: memory only
+    code, out, _ = _run(capsys, "--store", str(root), "ls", "r", "--peers", str(shm), "--json")
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["kind"], r["node"], r["step"], r["ranks"]) for r in rows] == [
+        ("peer-memory", "n0", 2, [0]),
+        ("peer-memory", "n0", 3, [0]),
+    ]
+    assert all(r["bytes"] > 4096 * 4 for r in rows)  # the rank file and the manifest
+    code, out, _ = _run(capsys, "--store", str(root), "ls", "--peers", str(shm))
+    assert code == 0 and "peer memory" in out and "n0" in out and "no checkpoints" in out
+    code, out, _ = _run(capsys, "--store", str(root), "ls", "--peers", str(tmp_path / "none"))
+    assert code == 0 and "no checkpoints" in out
+    code, out, _ = _run(capsys, "--store", str(root), "doctor", "--peers", str(shm), "--json")
+    summary = json.loads(out)["peer_memory"]
+    assert summary == {"path": str(shm), "nodes": 1, "steps": 2, "bytes": summary["bytes"]}
+    assert summary["bytes"] == sum(r["bytes"] for r in rows)
+    code, out, _ = _run(capsys, "--store", str(root), "doctor", "--peers", str(shm))
+    assert "peer memory" in out and "2 step(s) held" in out

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,27 @@ def test_damage_exits_1_and_usage_errors_exit_2(
     bad_rule = ["weights", "load", str(directory), "--tp-size", "2", "--tp-rule", "nodim"]
     assert main(bad_rule) == 2
     assert "PATTERN=DIM" in capsys.readouterr().err
+
+
+def test_the_reported_time_starts_after_torch_is_imported(tmp_path: Path) -> None:
+    # A fresh process, as a user runs the command: torch is imported by the load, and
+    # the load's clock must start only once it is (the import is not the storage's time).
+    directory = write_sharded(tmp_path / "m", model_state())
+    code = f"""
+import sys, time, types
+from mouthguard.weights import loader
+assert "torch" not in sys.modules
+starts = []
+def perf_counter():
+    starts.append("torch" in sys.modules)
+    return time.perf_counter()
+loader.time = types.SimpleNamespace(perf_counter=perf_counter)
+from mouthguard.cli.main import main
+assert main(["weights", "load", {str(directory)!r}, "--json"]) == 0
+print("torch imported when the clock started:", starts[0])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "torch imported when the clock started: True" in done.stdout

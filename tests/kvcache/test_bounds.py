@@ -65,6 +65,9 @@ class BrokenListTier(WrappedTier):
     def list(self, prefix: str = "") -> Iterator[str]:
         raise TierError("remote unreachable")
 
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        raise TierError("remote unreachable")
+
 
 def one_mib_blocks(count: int) -> list[tuple[list[int], list[np.ndarray]]]:
     rng = np.random.default_rng(0)

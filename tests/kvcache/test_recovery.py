@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mouthguard.errors import TierError
 from mouthguard.kvcache import KVStore, segments
 from mouthguard.kvcache.segments import data_path, index_path, segment_ids
 from mouthguard.tiers.base import ObjectInfo
@@ -196,22 +195,22 @@ def test_an_append_cut_short_is_taken_back_so_later_records_survive(
         assert kv.longest_prefix(third) == BT  # appended after the failed one: kept
 
 
-def test_remote_objects_that_cannot_be_sized_are_deleted_not_ignored(tmp_path: Path) -> None:
-    class HeadFails(WrappedTier):
-        broken = "-"
+def test_opening_over_a_remote_sizes_its_blocks_from_the_listing_alone(tmp_path: Path) -> None:
+    class CountingHeads(WrappedTier):
+        heads = 0
 
         def head(self, key: str) -> ObjectInfo:
-            if key.endswith(self.broken):
-                raise TierError("head failed")
+            self.heads += 1
             return super().head(key)
 
-    remote = HeadFails(MemoryTier())
-    toks = tokens(30, 2)
+    remote = CountingHeads(MemoryTier())
+    toks = tokens(30, 4)
     with KVStore(memory_bytes=0, block_tokens=BT, namespace="sized", remote=remote) as kv:
         kv.put(toks, blocks_for(toks))
-        remote.broken = kv.keys(toks)[1].hex()
+        written = kv.stats()["remote"]
+    remote.heads = 0
     with KVStore(memory_bytes=0, block_tokens=BT, namespace="sized", remote=remote) as kv:
-        assert kv.longest_prefix(toks) == BT
-        assert kv.stats()["remote"]["corrupt"] == 1
-        assert kv.stats()["remote"]["blocks"] == 1
-    assert not any(n.endswith(remote.broken) for n in remote.list("kvcache/"))
+        assert remote.heads == 0  # no request per object: the sizes came with the listing
+        reopened = kv.stats()["remote"]
+        assert (reopened["blocks"], reopened["bytes"]) == (written["blocks"], written["bytes"])
+        assert kv.longest_prefix(toks) == len(toks) // BT * BT

@@ -104,6 +104,7 @@ def test_errors_hit_every_operation_before_the_inner_tier() -> None:
         lambda: tier.head("k"),
         lambda: tier.exists("k"),
         lambda: tier.list(""),
+        lambda: tier.list_info(""),
         lambda: tier.list_dirs(""),
         lambda: tier.delete("k"),
         lambda: tier.rename_prefix("a", "b"),

@@ -205,6 +205,25 @@ def test_multipart_roundtrip_is_byte_exact(s3_bucket: S3Bucket) -> None:
     assert etag_parts(s3_bucket, "mp/small") == 1
 
 
+def test_listing_carries_each_objects_size_and_the_servers_etag(s3_bucket: S3Bucket) -> None:
+    tier = s3_bucket.tier(part_size=5 * MiB)
+    put = {
+        "l/small": tier.put("l/small", b"abc"),
+        "l/big": tier.put("l/big", [payload(11 * MiB, seed=4)]),  # multipart: 3 parts
+    }
+    client = s3_bucket.server.client()
+    listed = list(tier.list_info("l/"))
+    assert [info.key for info in listed] == ["l/big", "l/small"]
+    for info in listed:
+        raw = client.head_object(Bucket=s3_bucket.name, Key=key_of(s3_bucket, info.key))
+        assert info.size == raw["ContentLength"]
+        assert info.etag == raw["ETag"].strip('"')  # the server's ETag, unquoted
+        assert tier.head(info.key).etag == info.etag
+        # obstore reports the ETag of a single PUT; of a multipart upload, none.
+        assert put[info.key].etag in {info.etag, None if info.key == "l/big" else info.etag}
+    assert listed[0].etag is not None and listed[0].etag.endswith("-3")
+
+
 def test_multipart_reused_buffer_and_failing_source(s3_bucket: S3Bucket) -> None:
     tier = s3_bucket.tier(part_size=5 * MiB)
     buf = bytearray(MiB)

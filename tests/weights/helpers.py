@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+
+#: The hub repository and revision :func:`make_hub_cache` files a model under.
+REPO = "org/tiny"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
 def model_state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -57,3 +62,28 @@ def assert_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
         assert got[name].dtype == tensor.dtype, name
         assert got[name].shape == tensor.shape, name
         assert torch.equal(got[name].cpu(), tensor), name
+
+
+def read_with_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    """What the safetensors library itself reads from every ``*.safetensors`` in ``directory``."""
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        out.update(load_file(str(file)))
+    return out
+
+
+def make_hub_cache(cache: Path, model: Path, revision: str = REVISION) -> Path:
+    """``model``'s files as the hub cache holds them; returns the snapshot folder."""
+    folder = cache / ("models--" + REPO.replace("/", "--"))
+    snapshot = folder / "snapshots" / revision
+    (folder / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True)
+    for path in sorted(model.iterdir()):
+        data = path.read_bytes()
+        # The hub names an LFS file's blob by its sha256 (others by their git hash).
+        blob = hashlib.sha256(data).hexdigest()
+        (folder / "blobs" / blob).write_bytes(data)
+        (snapshot / path.name).symlink_to(f"../../blobs/{blob}")
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / "main").write_text(revision)
+    return snapshot

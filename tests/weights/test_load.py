@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import mouthguard
 from mouthguard import weights
@@ -16,17 +15,15 @@ from mouthguard.errors import ChecksumMismatchError, RankFileError, WeightsError
 from mouthguard.weights.gds import gds_status
 from mouthguard.weights.pipeline import READS_AHEAD
 from tests.checkpoint.helpers import flip_byte
-from tests.weights.helpers import assert_equal, model_state, write_sharded, write_single
+from tests.weights.helpers import (
+    assert_equal,
+    model_state,
+    read_with_safetensors,
+    write_sharded,
+    write_single,
+)
 
 TP_RULES = (("*.q_proj.weight", 0), ("*.o_proj.weight", 1), ("*.down_proj.weight", 2))
-
-
-def _reference(directory: Path) -> dict[str, torch.Tensor]:
-    """What the safetensors library itself reads from every file of ``directory``."""
-    out: dict[str, torch.Tensor] = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        out.update(load_file(str(file)))
-    return out
 
 
 def test_a_sharded_hf_directory_loads_as_safetensors_reads_it(tmp_path: Path) -> None:
@@ -34,7 +31,7 @@ def test_a_sharded_hf_directory_loads_as_safetensors_reads_it(tmp_path: Path) ->
     directory = write_sharded(tmp_path / "model", state)
     loaded = weights.load(directory)
     assert_equal(loaded.tensors, state)
-    assert_equal(loaded.tensors, _reference(directory))
+    assert_equal(loaded.tensors, read_with_safetensors(directory))
     assert loaded.kind == "safetensors-index"
     assert loaded.device == "cpu"
     # Hugging Face publishes no checksums: every shard is loaded, and said to be unverified.
@@ -104,8 +101,10 @@ def test_a_damaged_checkpoint_is_refused_and_nothing_returned(tmp_path: Path) ->
     ckpt.save(1, model_state())
     rank_file = tmp_path / "store" / "fast" / "r" / f"{1:012d}" / "rank-00000.safetensors"
     flip_byte(rank_file, -3)
-    with pytest.raises(ChecksumMismatchError, match="rank-00000"):
+    with pytest.raises(ChecksumMismatchError) as excinfo:
         weights.load(tmp_path / "store", run="r")
+    # The message names the file and the checkpoint it belongs to.
+    assert "rank-00000.safetensors of run 'r' step 1" in str(excinfo.value)
     # Unverified, the same bytes load (the flip is in tensor data): the caller chose so.
     loaded = weights.load(tmp_path / "store", run="r", verify=False)
     assert loaded.unverified_files == ["rank-00000.safetensors"]
@@ -201,8 +200,9 @@ def test_a_truncated_shard_is_refused(tmp_path: Path) -> None:
     directory = write_single(tmp_path / "m", {"w": torch.ones(1000)})
     file = directory / "model.safetensors"
     file.write_bytes(file.read_bytes()[:-10])
-    with pytest.raises(RankFileError, match="covers"):
+    with pytest.raises(RankFileError, match="covers") as excinfo:
         weights.load(directory)
+    assert str(file) in str(excinfo.value)  # the header error names the file it is about
 
 
 def test_nothing_loadable_is_a_clear_error(tmp_path: Path) -> None:

@@ -41,6 +41,35 @@ def test_an_hf_model_on_s3_is_cached_once_then_read_locally(
     assert_equal(direct.tensors, state)
 
 
+def test_a_model_pushed_again_to_the_same_url_is_never_served_stale(
+    s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    # A fine-tuned model pushed over the base one: same names, shapes and dtypes, so
+    # every shard keeps its size and only its bytes (and its ETag) change.
+    base, tuned = model_state(seed=0), model_state(seed=1)
+    base_dir = write_sharded(tmp_path / "base", base)
+    tuned_dir = write_sharded(tmp_path / "tuned", tuned)
+    shards = sorted(p.name for p in base_dir.glob("*.safetensors"))
+    sizes = {name: (base_dir / name).stat().st_size for name in shards}
+    assert sizes == {name: (tuned_dir / name).stat().st_size for name in shards}
+    tier, cache = s3_bucket.tier(), tmp_path / "cache"
+    _upload(s3_bucket, base_dir, "models/ft")
+    first = weights.load(tier, prefix="models/ft", cache_dir=cache)
+    assert_equal(first.tensors, base)
+    assert first.refreshed_files == []
+    for path in sorted(tuned_dir.iterdir()):  # the push: overwrite in place
+        tier.put(f"models/ft/{path.name}", [path.read_bytes()])
+    second = weights.load(tier, prefix="models/ft", cache_dir=cache)
+    assert_equal(second.tensors, tuned)  # the new bytes, not the cached base model
+    assert second.refreshed_files == shards  # and the cache says why it downloaded
+    assert second.downloaded == sum(sizes.values())
+    third = weights.load(tier, prefix="models/ft", cache_dir=cache)
+    assert (third.downloaded, third.refreshed_files) == (0, [])
+    assert_equal(third.tensors, tuned)
+    # One copy per file stays: the base model's versions were deleted.
+    assert sorted(p.parent.name for p in cache.glob("*/*/*")) == shards
+
+
 def test_a_checkpoint_on_s3_is_verified_on_download_and_on_load(
     s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
@@ -53,7 +82,7 @@ def test_a_checkpoint_on_s3_is_verified_on_download_and_on_load(
     assert_equal(loaded.tensors, state)
     # The cached copy rots on the local disk: the next load's inline check catches it,
     # and the file is fetched again from the verified remote copy.
-    (cached,) = cache.glob("*/rank-00000.safetensors")
+    (cached,) = cache.glob("*/rank-00000.safetensors/*")  # <source>/<file>/<version>
     data = bytearray(cached.read_bytes())
     data[-1] ^= 0xFF
     cached.write_bytes(bytes(data))
@@ -66,6 +95,7 @@ def test_a_checkpoint_on_s3_is_verified_on_download_and_on_load(
     remote[-1] ^= 0xFF
     tier.put(key, [bytes(remote)])
     fresh = tmp_path / "fresh"
-    with pytest.raises(ChecksumMismatchError, match="downloaded bytes"):
+    with pytest.raises(ChecksumMismatchError, match="downloaded bytes") as excinfo:
         weights.load(tier, run="r", cache_dir=fresh)
-    assert not list(fresh.glob("*/*.safetensors"))
+    assert "rank-00000.safetensors of run 'r' step 3" in str(excinfo.value)
+    assert not list(fresh.glob("*/*.safetensors/*"))  # no version of it cached

@@ -3,6 +3,7 @@
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.emergency import PreemptionGuard
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
+from mouthguard.checkpoint.peer_memory import PeerMemory
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.checkpoint.training_state import TrainingState, capture_rng_state, restore_rng_state
 
@@ -11,6 +12,7 @@ __all__ = [
     "Checkpointer",
     "CopyInfo",
     "LoadedCheckpoint",
+    "PeerMemory",
     "PreemptionGuard",
     "Rejection",
     "Store",

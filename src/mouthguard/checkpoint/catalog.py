@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mouthguard.checkpoint.audit import TRAIL_DIR
-from mouthguard.errors import InvalidKeyError, MouthguardError, ObjectNotFoundError
+from mouthguard.errors import InvalidKeyError, MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
-from mouthguard.tiers.base import ObjectInfo, Tier
+from mouthguard.tiers.base import Tier
 from mouthguard.tiers.object_keys import validate_segment
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,8 @@ def partial_saves(tier: Tier, run: str, *, now: float | None = None) -> list[Par
         if match is None:
             continue
         prefix = f"{run}/{name}/"
-        infos = _heads(tier, prefix)
+        # Sizes and times from the listing; an object gone since is left out.
+        infos = list(tier.list_info(prefix))
         if not infos:
             continue  # committed (renamed) or removed since it was listed
         newest = max((i.mtime or 0.0 for i in infos), default=0.0)
@@ -227,24 +228,10 @@ def uncommitted_steps(tier: Tier, run: str, *, now: float | None = None) -> list
         if tier.exists(manifest_key(run, step)):
             continue
         prefix = checkpoint_prefix(run, step)
-        infos = _heads(tier, prefix)
+        # Sizes and times from the listing; an object gone since is left out.
+        infos = list(tier.list_info(prefix))
         if not infos:
             continue  # deleted (or committed) since it was listed
         newest = max((i.mtime or 0.0 for i in infos), default=0.0)
         found.append(PartialSave(run, step, prefix, now - newest, sum(i.size for i in infos)))
     return found
-
-
-def _heads(tier: Tier, prefix: str) -> list[ObjectInfo]:
-    """Every object under ``prefix``; one that vanished since the listing is skipped.
-
-    A save committing (renaming its partial directory) or retention deleting a
-    copy while a collection pass looks must not stop the pass.
-    """
-    infos = []
-    for key in tier.list(prefix):
-        try:
-            infos.append(tier.head(key))
-        except ObjectNotFoundError:
-            continue
-    return infos

@@ -32,6 +32,9 @@ from mouthguard.checkpoint.info import (
 from mouthguard.checkpoint.lineage import Tracker
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.loading import Loader
+from mouthguard.checkpoint.peer_load import resume_from_peers
+from mouthguard.checkpoint.peer_memory import PeerMemory
+from mouthguard.checkpoint.peer_tier import PeerTier
 from mouthguard.checkpoint.ranks import COLLECTIVE_TIMEOUT, detect_ranks
 from mouthguard.checkpoint.saving import SavePipeline
 from mouthguard.checkpoint.semantic import Check, guard_save
@@ -90,6 +93,13 @@ class Checkpointer:
             slowest rank (default 300): the slowest rank's file write must fit in
             it, and a rank that died is given up on after it -- the survivors
             raise :class:`~mouthguard.errors.RankLostError` instead of hanging.
+        peers: a :class:`~mouthguard.checkpoint.peer_memory.PeerMemory`: every save
+            also goes to node memory with copies on peers in other failure
+            domains; transient and routine saves go *only* there (and every
+            ``disk_every``-th of them to the store too), milestone and critical
+            ones to the store as well. ``load()`` then resumes from the newest
+            step complete across peer memory (docs/peer-memory.md). Needs the
+            whole job as ``group``.
         actor: who this checkpointer acts for in the audit trail
             (:mod:`~mouthguard.checkpoint.audit`): its commits, importance
             changes and holds. Default ``$MOUTHGUARD_ACTOR``, else ``user@host``.
@@ -105,8 +115,11 @@ class Checkpointer:
         background: bool | None = None,
         group: Any = None,
         collective_timeout: float | None = None,
+        peers: PeerMemory | None = None,
         actor: str | None = None,
     ) -> None:
+        if peers is not None and group is not None:
+            raise ValueError("peers= needs the whole job: leave group= out")
         self.actor = actor
         self.store = store if isinstance(store, Store) else open_store(store)
         self.run = catalog.validate_run(run)
@@ -128,9 +141,19 @@ class Checkpointer:
         if background is None:
             background = len(self.store.tiers) > 1 and self.ranks.is_coordinator
         self.background = background
+        #: Peer memory as this rank sees it (None: not configured).
+        self.peers = None if peers is None else PeerTier(peers, self.ranks)
+        #: Transient and routine saves that went to peer memory only (``disk_every``).
+        self._memory_saves = 0
         # A signature vouches for the files only through their sha256.
         self._saves = SavePipeline(
-            self.store, self.run, self.ranks, keys, with_sha256 or keys is not None, self._listener
+            self.store,
+            self.run,
+            self.ranks,
+            keys,
+            with_sha256 or keys is not None,
+            self._listener,
+            self.peers,
         )
         self._saves.actor = actor
         self._lineage = Tracker(self.run)
@@ -192,9 +215,10 @@ class Checkpointer:
             TierError: the tier failed (the partial save is removed).
         """
         importance, reference = self._guarded(check, step, state, importance, reference)
+        to_store = self._to_store(importance)
         parent = self._lineage.parent
         try:
-            return self._saves.save(step, state, importance, reference)
+            return self._saves.save(step, state, importance, reference, to_store=to_store)
         except BaseException:
             self._lineage.failed(parent)
             raise
@@ -229,12 +253,21 @@ class Checkpointer:
                 (raised here, before anything runs in the background).
         """
         importance, reference = self._guarded(check, step, state, importance, reference)
+        to_store = self._to_store(importance)
         parent = self._lineage.parent
         try:
-            return self._saves.save_async(step, state, importance, reference)
+            return self._saves.save_async(step, state, importance, reference, to_store=to_store)
         except BaseException:
             self._lineage.failed(parent)
             raise
+
+    def _to_store(self, importance: str | Importance) -> bool:
+        """Whether a save goes to the store (else to peer memory only): importance decides."""
+        if self.peers is None or parse_importance(importance).rank >= Importance.MILESTONE.rank:
+            return True
+        self._memory_saves += 1
+        every = self.peers.config.disk_every
+        return every > 0 and self._memory_saves % every == 0
 
     def prepare(self, state: object) -> int:
         """Make the staging buffer of :meth:`save_async` ready for ``state``; return its bytes.
@@ -520,14 +553,7 @@ class Checkpointer:
                 raise ValueError("give step (exactly that one) or at_or_before, not both")
         if at_or_before is not None:
             catalog.validate_step(at_or_before)
-        target = None
-        if device is not None:
-            import torch  # noqa: PLC0415 - torch is loaded by whoever asks for a device
-
-            try:
-                target = torch.device(device)
-            except RuntimeError as exc:
-                raise ValueError(f"{device!r} is not a device: {exc}") from None
+        target = _target_device(device)
         loader = Loader(self.store, self.run, self.ranks, self.manifest_keys, target, check)
         # Every rank walks the coordinator's list, so all try the same steps in order.
         if step is not None:
@@ -539,6 +565,11 @@ class Checkpointer:
             )
         listed = self.ranks.broadcast(list(candidates))
         assert isinstance(listed, list)
+        if step is None and at_or_before is None:
+            from_peers = self._load_from_peers(loader, listed, into)
+            if from_peers is not None:
+                self._lineage.loaded(self.run, from_peers.step, from_peers.info.created)
+                return from_peers
         rejected: builtins.list[Rejection] = []
         try:
             loaded = loader.first_valid(
@@ -556,6 +587,15 @@ class Checkpointer:
                 for damaged in sorted({r.step for r in rejected}):
                     listener.request_repair(self.run, damaged)
 
+    def _load_from_peers(
+        self, loader: Loader, listed: builtins.list[Any], into: object
+    ) -> LoadedCheckpoint | None:
+        """The newest step in peer memory when it is at least the store's newest, else None."""
+        if self.peers is None:
+            return None
+        newest = max((int(str(c)) for c in listed), default=None)
+        return resume_from_peers(self.peers, loader, newest, into)
+
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
         return catalog.tiers_holding(self.store.tiers, self.run, step)
 
@@ -569,6 +609,22 @@ class Checkpointer:
             catalog.collect_partial_saves(tier, self.run, grace_seconds=grace_seconds)
             for tier in self.store.tiers
         ]
+
+
+def _target_device(device: Any) -> Any:
+    """``load(device=...)`` as a ``torch.device`` (None stays None).
+
+    Raises:
+        ValueError: ``device`` names no device.
+    """
+    if device is None:
+        return None
+    import torch  # noqa: PLC0415 - torch is loaded by whoever asks for a device
+
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"{device!r} is not a device: {exc}") from None
 
 
 def _warn_fell_back(run: str, asked: int, loaded: LoadedCheckpoint) -> None:

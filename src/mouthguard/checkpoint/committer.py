@@ -82,10 +82,10 @@ def commit_save(
         MouthguardError: this rank's own failure, unchanged.
     """
     run, step, world_size = request.run, request.step, ranks.world_size
-    txn = _agree(ranks, lambda: clear_the_way(tier, run, step))
+    txn = agree(ranks, lambda: clear_the_way(tier, run, step))
     staging = staging_prefix(tier, run, step, str(txn))
     with discarding_on_failure(tier, run, step, staging, world_size, clean=ranks.is_coordinator):
-        records = _gather(ranks, lambda: _records_json(write_rank(staging), request.skeleton))
+        records = gather(ranks, lambda: records_json(write_rank(staging), request.skeleton))
     committed: list[Manifest] = []
 
     def commit() -> JsonValue:
@@ -95,7 +95,7 @@ def commit_save(
             step,
             staging,
             world_size,
-            lambda: _manifest(request, records, world_size),
+            lambda: build_manifest(request, records, world_size),
             keys=request.signing,
             actor=request.actor,
         )
@@ -103,14 +103,14 @@ def commit_save(
         # The peers get the exact bytes (and parse them); one rank needs nothing more.
         return raw.decode() if world_size > 1 else None
 
-    manifest_text = _agree(ranks, commit)
+    manifest_text = agree(ranks, commit)
     if committed:  # the coordinator: already parsed and validated before the commit
         return committed[0]
     assert isinstance(manifest_text, str)
     return Manifest.from_bytes(manifest_text.encode())
 
 
-def _agree(ranks: RankGroup, decide: Callable[[], JsonValue]) -> JsonValue:
+def agree(ranks: RankGroup, decide: Callable[[], JsonValue]) -> JsonValue:
     """Run ``decide`` on the coordinator and give every rank its value or its error."""
     own: BaseException | None = None
     payload: JsonValue = None
@@ -128,7 +128,7 @@ def _agree(ranks: RankGroup, decide: Callable[[], JsonValue]) -> JsonValue:
     return decided["value"]
 
 
-def _gather(ranks: RankGroup, produce: Callable[[], JsonValue]) -> list[JsonValue]:
+def gather(ranks: RankGroup, produce: Callable[[], JsonValue]) -> list[JsonValue]:
     """Run ``produce`` on every rank; every rank gets all values, or raises."""
     own: BaseException | None = None
     try:
@@ -157,7 +157,8 @@ def _peer_error(payload: dict[str, JsonValue]) -> MouthguardError:
     return RankFailedError(message + "; nothing was committed")
 
 
-def _records_json(written: tuple[FileRecord, list[TensorRecord]], skeleton: JsonValue) -> JsonValue:
+def records_json(written: tuple[FileRecord, list[TensorRecord]], skeleton: JsonValue) -> JsonValue:
+    """One rank's file and tensor records and state skeleton, as the ranks exchange them."""
     record, tensors = written
     return {
         "file": [
@@ -173,7 +174,7 @@ def _records_json(written: tuple[FileRecord, list[TensorRecord]], skeleton: Json
     }
 
 
-def _records_from_json(value: JsonValue) -> tuple[FileRecord, list[TensorRecord], JsonValue]:
+def records_from_json(value: JsonValue) -> tuple[FileRecord, list[TensorRecord], JsonValue]:
     """Rebuild one rank's records; the manifest parser validates them again on commit."""
     assert isinstance(value, dict)
     name, rank, size, data_offset, checksum, sha256 = value["file"]  # type: ignore[misc,str-unpack]
@@ -185,9 +186,9 @@ def _records_from_json(value: JsonValue) -> tuple[FileRecord, list[TensorRecord]
     return record, tensors, value["state"]
 
 
-def _manifest(request: SaveRequest, gathered: list[JsonValue], world_size: int) -> Manifest:
+def build_manifest(request: SaveRequest, gathered: list[JsonValue], world_size: int) -> Manifest:
     """The manifest over every rank's records, in rank order."""
-    ranks = [_records_from_json(value) for value in gathered]
+    ranks = [records_from_json(value) for value in gathered]
     return Manifest(
         run=request.run,
         step=request.step,

@@ -8,6 +8,8 @@ One save, synchronous or not, runs the same steps::
     [async: lay out the rank file, snapshot the state into the staging buffer, return]
     [sync: listener.save_started()]          background copies yield the disk
     committer.commit_save(fast tier, ...)    every rank's file, then the manifest
+                                             (skipped for a save to peer memory only)
+    [peers: PeerTier.save]                   the rank files in node memory, copies on peers
     listener.save_finished()                 also when the save failed
     after_commit: hint down, listener.notify_commit   (coordinator only)
     the CheckpointInfo handed back
@@ -37,16 +39,19 @@ from mouthguard.checkpoint.commit import after_commit
 from mouthguard.checkpoint.committer import SaveRequest, commit_save
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo
 from mouthguard.checkpoint.listeners import CheckpointListener
+from mouthguard.checkpoint.peer_tier import PeerTier
 from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.staging import needs_pinned, snapshot
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.writer import layout_for, write_rank_file, write_rank_image
+from mouthguard.errors import MouthguardError
 from mouthguard.format import typed_json
 from mouthguard.format.lineage import Lineage
 from mouthguard.format.manifest import FileRecord, Manifest, SaveTiming, TensorRecord
 from mouthguard.format.state_tree import FlatState, flatten_state
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.policy.importance import Importance, parse_importance
+from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
 
 log = logging.getLogger(__name__)
@@ -62,6 +67,7 @@ class SavePipeline:
         manifest_keys: signing keys (None: unsigned).
         with_sha256: record every file's sha256.
         listener: who hears of the saves now (asked at every save, None: nobody).
+        peers: peer memory, where every save also goes (None: none).
     """
 
     def __init__(  # noqa: PLR0917 - the Checkpointer's settings, passed through once
@@ -72,6 +78,7 @@ class SavePipeline:
         manifest_keys: Keyring | None,
         with_sha256: bool,
         listener: Callable[[], CheckpointListener | None],
+        peers: PeerTier | None = None,
     ) -> None:
         self.store = store
         self.run = run
@@ -79,6 +86,7 @@ class SavePipeline:
         self.manifest_keys = manifest_keys
         self.with_sha256 = with_sha256
         self.listener = listener
+        self.peers = peers
         #: Who saves, for the audit trail (None: ``user@host``).
         self.actor: str | None = None
         #: Gives each save its lineage from (step, state), when the save is requested.
@@ -92,8 +100,10 @@ class SavePipeline:
         state: object,
         importance: str | Importance,
         reference: Mapping[str, object] | None,
+        *,
+        to_store: bool = True,
     ) -> CheckpointInfo:
-        """``Checkpointer.save``: committed and durable on the fast tier when it returns."""
+        """``Checkpointer.save``: committed on the fast tier (``to_store``) and in peer memory."""
         level = parse_importance(importance)
         catalog.validate_step(step)
         self.saver.wait_previous()
@@ -101,12 +111,11 @@ class SavePipeline:
         try:
             flat, request = self._request(step, state, level, reference)
         except Exception as exc:
-            self._fail_with_peers(step, level, exc)
+            self._fail_with_peers(step, level, exc, to_store=to_store)
             raise
         request = replace(request, timing=lambda: _timing("sync", started, stall=None))
-        tier = self.store.fast
 
-        def write_rank(staging: str) -> tuple[FileRecord, list[TensorRecord]]:
+        def write_rank(tier: Tier, staging: str) -> tuple[FileRecord, list[TensorRecord]]:
             return write_rank_file(
                 tier,
                 staging,
@@ -116,14 +125,41 @@ class SavePipeline:
                 with_sha256=self.with_sha256,
             )
 
-        burst = _Burst(self.listener())
-        burst.begin()  # background copies yield the disk to this burst
-        try:
-            manifest = commit_save(self.store.fast, request, write_rank, self.ranks)
-        finally:
-            burst.end()
+        manifest = self._commit(request, write_rank, to_store=to_store)
         elapsed = time.perf_counter() - started
-        return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=elapsed)
+        return self._after_commit(
+            manifest, level, save_seconds=elapsed, stall_seconds=elapsed, to_store=to_store
+        )
+
+    def _commit(
+        self,
+        request: SaveRequest,
+        write_rank: Callable[[Tier, str], tuple[FileRecord, list[TensorRecord]]],
+        *,
+        to_store: bool,
+    ) -> Manifest:
+        """Commit on the fast tier (``to_store``), then in peer memory (when configured).
+
+        The store first: a save that must be durable fails before peer memory
+        holds a step the store lacks.
+        """
+        manifest = None
+        if to_store:
+            tier = self.store.fast
+            burst = _Burst(self.listener())
+            burst.begin()  # background copies yield the disk to this burst
+            try:
+                manifest = commit_save(
+                    tier, request, lambda staging: write_rank(tier, staging), self.ranks
+                )
+            finally:
+                burst.end()
+        if self.peers is not None:
+            in_memory = self.peers.save(request, write_rank)
+            manifest = manifest or in_memory
+        if manifest is None:
+            raise MouthguardError("a save to neither the store nor peer memory")
+        return manifest
 
     def prepare(self, state: object) -> int:
         """``Checkpointer.prepare``: reserve and fault in the staging for ``state``; its bytes.
@@ -143,6 +179,8 @@ class SavePipeline:
         state: object,
         importance: str | Importance,
         reference: Mapping[str, object] | None,
+        *,
+        to_store: bool = True,
     ) -> SaveHandle:
         """``Checkpointer.save_async``: returns once the state is snapshotted."""
         entered = time.perf_counter()
@@ -165,7 +203,7 @@ class SavePipeline:
                 failed = self.saver.submit(
                     self.run,
                     step,
-                    lambda: self._fail_with_peers(step, level, failure),
+                    lambda: self._fail_with_peers(step, level, failure, to_store=to_store),
                     Snapshot(0, 0),
                 )
                 failed.wait()
@@ -174,9 +212,8 @@ class SavePipeline:
         stall = time.perf_counter() - entered
         log.info("%s step %d snapshotted in %.3f s (waited %.3f s)", self.run, step, stall, waited)
         request = replace(request, timing=lambda: _timing("async", entered, stall=stall))
-        tier = self.store.fast
 
-        def write_rank(staging: str) -> tuple[FileRecord, list[TensorRecord]]:
+        def write_rank(tier: Tier, staging: str) -> tuple[FileRecord, list[TensorRecord]]:
             return write_rank_image(
                 tier,
                 staging,
@@ -188,11 +225,13 @@ class SavePipeline:
 
         def job() -> CheckpointInfo:
             try:
-                manifest = commit_save(self.store.fast, request, write_rank, self.ranks)
+                manifest = self._commit(request, write_rank, to_store=to_store)
             finally:
                 burst.end()
             elapsed = time.perf_counter() - entered
-            return self._after_commit(manifest, level, save_seconds=elapsed, stall_seconds=stall)
+            return self._after_commit(
+                manifest, level, save_seconds=elapsed, stall_seconds=stall, to_store=to_store
+            )
 
         return self.saver.submit(self.run, step, job, Snapshot(stall, waited))
 
@@ -218,18 +257,21 @@ class SavePipeline:
         )
         return flat, request
 
-    def _fail_with_peers(self, step: int, level: Importance, exc: Exception) -> CheckpointInfo:
+    def _fail_with_peers(
+        self, step: int, level: Importance, exc: Exception, *, to_store: bool
+    ) -> CheckpointInfo:
         """Take part in a multi-rank commit with a local failure, so no peer waits forever.
 
         Every rank then raises: this one ``exc``, the others RankFailedError. With
-        one rank it just raises ``exc``.
+        one rank it just raises ``exc``. The commit joined is the one the peers
+        run first: the store's, or peer memory's for a save to memory only.
         """
         if self.ranks.world_size > 1:
 
-            def fail(_staging: str) -> tuple[FileRecord, list[TensorRecord]]:
+            def fail(_tier: Tier, _staging: str) -> tuple[FileRecord, list[TensorRecord]]:
                 raise exc
 
-            commit_save(self.store.fast, SaveRequest(self.run, step, level, None), fail, self.ranks)
+            self._commit(SaveRequest(self.run, step, level, None), fail, to_store=to_store)
         raise exc
 
     def _file_metadata(self, step: int) -> dict[str, str]:
@@ -241,7 +283,13 @@ class SavePipeline:
         }
 
     def _after_commit(
-        self, manifest: Manifest, level: Importance, *, save_seconds: float, stall_seconds: float
+        self,
+        manifest: Manifest,
+        level: Importance,
+        *,
+        save_seconds: float,
+        stall_seconds: float,
+        to_store: bool = True,
     ) -> CheckpointInfo:
         """Log, then :func:`~mouthguard.checkpoint.commit.after_commit`; the caller's info."""
         log.info(
@@ -255,7 +303,10 @@ class SavePipeline:
             stall_seconds,
         )
         tier = self.store.fast
-        if self.ranks.is_coordinator:
+        if not to_store:
+            assert self.peers is not None  # a save to the store or peer memory
+            tier = self.peers.area.tier
+        elif self.ranks.is_coordinator:
             after_commit(tier, manifest, self.listener())
         final = catalog.checkpoint_prefix(self.run, manifest.step)
         copy = CopyInfo(tier=tier.name, location=tier.location(final))

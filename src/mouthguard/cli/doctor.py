@@ -50,10 +50,12 @@ from rich.table import Table
 from mouthguard.checkpoint.audit import trail_keys
 from mouthguard.checkpoint.audit_check import Act, check_store, latest_acts, merged
 from mouthguard.checkpoint.gathering import tier_facts
+from mouthguard.checkpoint.peer_memory import DEFAULT_PATH as DEFAULT_PEER_PATH
+from mouthguard.checkpoint.peer_memory import node_areas
 from mouthguard.checkpoint.store import Store
 from mouthguard.cli.audit import act_json
 from mouthguard.cli.common import EXIT_FAILED, EXIT_OK
-from mouthguard.cli.listing import damaged_checkpoints
+from mouthguard.cli.listing import damaged_checkpoints, peer_holdings
 from mouthguard.cli.render import human_bytes
 from mouthguard.errors import MouthguardError, ObjectExistsError
 from mouthguard.format.audit_record import StoredRecord
@@ -74,6 +76,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Register ``doctor``."""
     doctor = sub.add_parser("doctor", help="check what each tier can do and the policy fits")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.add_argument(
+        "--peers",
+        nargs="?",
+        const=DEFAULT_PEER_PATH,
+        metavar="PATH",
+        help=f"also sum up the peer memory under PATH (default {DEFAULT_PEER_PATH})",
+    )
 
 
 @dataclass
@@ -230,6 +239,7 @@ def run(store: Store, args: argparse.Namespace, console: Console) -> int:
     breaks, trails = check_store(store.tiers, trail_keys(store.manifest_keys))
     warnings += [f"audit trail: {b}" for b in breaks]
     latest = _latest(merged(trails))
+    peers = peer_summary(args.peers) if getattr(args, "peers", None) else None
     if args.json:
         body = {
             "store": store.source,
@@ -243,11 +253,30 @@ def run(store: Store, args: argparse.Namespace, console: Console) -> int:
                 for (run, step), found in latest
             ],
         }
+        if peers is not None:
+            body["peer_memory"] = peers
         print(json.dumps(body))
     else:
         _print(store.source, tiers, placements, (problems, warnings), console)
+        if peers is not None:
+            console.print(
+                f"peer memory {escape(str(peers['path']))}: {peers['nodes']} node area(s), "
+                f"{peers['steps']} step(s) held, {human_bytes(int(str(peers['bytes'])))}",
+                highlight=False,
+            )
         _print_acts(latest, console)
     return EXIT_FAILED if problems else EXIT_OK
+
+
+def peer_summary(path: str) -> dict[str, object]:
+    """The peer memory under ``path``: node areas, complete steps held (per node), bytes."""
+    rows = peer_holdings(path, None)
+    return {
+        "path": path,
+        "nodes": len(node_areas(path)),
+        "steps": len(rows),
+        "bytes": sum(int(str(r["bytes"])) for r in rows),
+    }
 
 
 #: Checkpoints whose latest acts doctor shows (the most recently touched), and acts each.

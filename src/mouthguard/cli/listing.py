@@ -19,6 +19,7 @@ from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.checkpointer import Checkpointer
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, UnreadableCheckpoint
 from mouthguard.checkpoint.lineage import Link, chain
+from mouthguard.checkpoint.peer_memory import node_areas
 from mouthguard.checkpoint.store import Store
 from mouthguard.cli.common import EXIT_OK, UsageError
 from mouthguard.cli.render import human_bytes, human_time
@@ -57,21 +58,36 @@ def damaged_checkpoints(store: Store, run: str | None = None) -> list[Listed]:
 
 
 def ls(store: Store, args: argparse.Namespace, console: Console) -> int:
-    """List committed checkpoints per run (``--json``: one JSON line per checkpoint)."""
+    """List committed checkpoints per run (``--json``: one JSON line per checkpoint).
+
+    With ``--peers [PATH]`` also the steps held in peer memory, per node and run
+    (``--json``: one line per node and step, with ``"kind": "peer-memory"``).
+    """
     listed = {run: list_run(store, run) for run in runs_of(store, args.run)}
-    if args.run is not None and not listed[args.run]:
+    held = peer_holdings(args.peers, args.run) if getattr(args, "peers", None) else []
+    if args.run is not None and not listed[args.run] and not held:
         raise UsageError(f"no checkpoints for run {args.run!r} in {store.source}")
     if args.json:
         for items in listed.values():
             for item in items:
                 print(json.dumps(item.to_json()))
+        for row in held:
+            print(json.dumps({"kind": "peer-memory", **row}))
         return EXIT_OK
+    if held:
+        console.print(peer_table(args.peers, held))
     if not any(listed.values()):
         console.print(f"no checkpoints in {store.source}", highlight=False)
         return EXIT_OK
     for run, items in listed.items():
         if items:
             console.print(run_table(run, items))
+    _print_notes(listed, console)
+    return EXIT_OK
+
+
+def _print_notes(listed: dict[str, list[Listed]], console: Console) -> None:
+    """Below the tables: why each damaged checkpoint is damaged, each suspect one suspect."""
     damaged = [item for items in listed.values() for item in items if item.state == "damaged"]
     for item in damaged:
         why = "; ".join(f"{c.tier}: {c.damage}" for c in item.copies if c.damage)
@@ -89,7 +105,44 @@ def ls(store: Store, args: argparse.Namespace, console: Console) -> int:
                     highlight=False,
                     soft_wrap=True,
                 )
-    return EXIT_OK
+
+
+def peer_holdings(path: str, run: str | None) -> list[dict[str, object]]:
+    """Every complete step held in the node areas under ``path`` (of ``run``, or all)."""
+    rows: list[dict[str, object]] = []
+    for area in node_areas(path):
+        for name in [run] if run is not None else area.runs():
+            rows.extend(
+                {
+                    "node": area.domain,
+                    "run": name,
+                    "step": held.step,
+                    "ranks": list(held.ranks),
+                    "bytes": held.nbytes,
+                }
+                for held in area.held(name)
+            )
+    return rows
+
+
+def peer_table(path: str, rows: list[dict[str, object]]) -> Table:
+    """Peer memory: per node, run and step, whose rank files it holds and their bytes."""
+    total = sum(int(str(r["bytes"])) for r in rows)
+    table = Table(
+        title=f"peer memory {escape(path)} ({human_bytes(total)} held)", title_justify="left"
+    )
+    for column in ("node", "run", "step", "ranks", "size"):
+        table.add_column(column, justify="right" if column in ("step", "size") else "left")
+    for r in rows:
+        ranks = ",".join(str(x) for x in r["ranks"])  # type: ignore[attr-defined]
+        table.add_row(
+            escape(str(r["node"])),
+            escape(str(r["run"])),
+            str(r["step"]),
+            ranks,
+            human_bytes(int(str(r["bytes"]))),
+        )
+    return table
 
 
 def item_name(item: Listed) -> str:

@@ -41,6 +41,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mouthguard.checkpoint.peer_memory import DEFAULT_PATH as DEFAULT_PEER_PATH
 from mouthguard.checkpoint.store import open_store
 from mouthguard.cli import (
     agent,
@@ -98,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list committed checkpoints")
     ls.add_argument("run", nargs="?", help="only this run")
     ls.add_argument("--json", action="store_true", help="print JSON lines, one per checkpoint")
+    ls.add_argument(
+        "--peers",
+        nargs="?",
+        const=DEFAULT_PEER_PATH,
+        metavar="PATH",
+        help="also list the steps held in peer memory under PATH, per node "
+        f"(default {DEFAULT_PEER_PATH})",
+    )
 
     show = sub.add_parser("show", help="show one checkpoint")
     show.add_argument("run", help="the run's name")

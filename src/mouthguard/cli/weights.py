@@ -8,9 +8,12 @@
                                    [--cache DIR] [--no-verify] [--no-gds] [--json]
 
 SOURCE is a Hugging Face model directory (``model.safetensors.index.json`` and its
-shards, or one ``model.safetensors``), a checkpoint directory, a store with
-``--run``, or an ``s3://bucket/prefix`` URL (``--cache DIR`` keeps a node-local copy
-that later loads read). The command loads the weights the way an inference server
+shards, or one ``model.safetensors``), a hub cache snapshot
+(``models--org--name/snapshots/<rev>``, or ``models--org--name`` for ``refs/main``),
+a checkpoint directory, a store with ``--run``, or an ``s3://bucket/prefix`` URL
+(``--cache DIR`` keeps a node-local copy that later loads read, downloaded again
+when the remote file's ETag changes). The time reported is the load's, after
+torch is imported. The command loads the weights the way an inference server
 would at start-up, shows each file's progress on stderr, and prints what was
 loaded, how fast, and what was verified (``--json``: one object).
 
@@ -47,7 +50,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="load a model directory or checkpoint and report speed and verification",
         epilog="exit status: 0 loaded; 1 damaged bytes or a failing store; 2 usage error",
     )
-    load.add_argument("source", help="model dir, checkpoint dir, store (with --run), s3:// URL")
+    load.add_argument(
+        "source",
+        help="model dir, hub cache snapshot, checkpoint dir, store (with --run), s3:// URL",
+    )
     load.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     load.add_argument("--run", help="load a checkpoint of this run of the store SOURCE")
     load.add_argument("--step", type=integer(0), help="that checkpoint's step (default: newest)")
@@ -115,6 +121,7 @@ def run(args: argparse.Namespace, console: Console, err: Console | None = None) 
         "bytes": loaded.nbytes,
         "bytes_read": loaded.bytes_read,
         "downloaded": loaded.downloaded,
+        "refreshed_files": loaded.refreshed_files,
         "seconds": round(loaded.seconds, 6),
         "gib_per_s": round(loaded.bytes_per_second / 2**30, 3),
         "verified_files": loaded.verified_files,
@@ -132,6 +139,9 @@ def run(args: argparse.Namespace, console: Console, err: Console | None = None) 
     table.add_row(
         "read", f"{human_bytes(loaded.bytes_read)}, {human_bytes(loaded.downloaded)} downloaded"
     )
+    if loaded.refreshed_files:
+        changed = ", ".join(loaded.refreshed_files)
+        table.add_row("refreshed", f"{changed} (changed on the remote since cached)")
     table.add_row("time", f"{loaded.seconds:.3f} s ({summary['gib_per_s']} GiB/s)")
     table.add_row("verified", ", ".join(loaded.verified_files) or "nothing (no checksums)")
     if loaded.unverified_files:

@@ -158,29 +158,26 @@ class RemoteLevel:
         """The tier key of block ``key``."""
         return f"{self.prefix}{key.hex()}"
 
-    def scan(self) -> tuple[dict[bytes, int], list[bytes]]:
-        """The namespace's objects with their sizes, and those that could not be sized.
+    def scan(self) -> dict[bytes, int]:
+        """The namespace's objects with their sizes, from one listing of the tier.
 
-        An object whose ``head`` fails would sit outside the capacity, never
-        indexed and never deleted: the caller deletes those (it is a cache).
+        Sizes come with the listing (:meth:`~mouthguard.tiers.base.Tier.list_info`:
+        S3's ListObjectsV2 carries them), so opening a store over a remote of N
+        blocks costs N / 1000 list requests, not N ``head`` requests. Names that
+        are not a block key are ignored (they are not this cache's).
 
         Raises:
-            MouthguardError: the listing itself failed (the remote is down).
+            MouthguardError: the listing failed (the remote is down).
         """
         found: dict[bytes, int] = {}
-        unreadable: list[bytes] = []
-        for name in self.tier.list(self.prefix):
+        for info in self.tier.list_info(self.prefix):
             try:
-                key = bytes.fromhex(name[len(self.prefix) :])
+                key = bytes.fromhex(info.key[len(self.prefix) :])
             except ValueError:
                 continue
             if len(key) == 16:
-                try:
-                    found[key] = self.tier.head(name).size
-                except MouthguardError as exc:
-                    log.warning("kv object %s cannot be sized, deleting it: %s", name, exc)
-                    unreadable.append(key)
-        return found, unreadable
+                found[key] = info.size
+        return found
 
     # --- metadata (under the store's lock) ---
 

@@ -158,9 +158,8 @@ class KVStore:
 
     def _open_remote(self, level: RemoteLevel) -> None:
         """Index the remote namespace (single-threaded: no mover yet)."""
-        found, unreadable = level.scan()
-        placement = self._placement
-        doomed = list(unreadable)  # objects we cannot size would escape the capacity
+        found = level.scan()
+        doomed: list[bytes] = []
         for key, size in found.items():
             level.publish(key, size)
         while level.capacity is not None and level.used > level.capacity:
@@ -171,7 +170,6 @@ class KVStore:
             doomed.append(victim)
         for key in doomed:
             level.delete(key)
-        placement.stats["remote"].corrupt += len(unreadable)
 
     def _kick(self) -> None:
         """Queue one write-down job if none is queued (called under the lock)."""

@@ -2,7 +2,8 @@
 
 A tier stores immutable-ish objects under ``/``-separated keys. It has six
 operations (``put``, ``get``, ``read_into``, ``head``, ``list``, ``delete``)
-plus ``rename_prefix`` where the tier declares ``atomic_rename``. What a tier
+plus ``rename_prefix`` where the tier declares ``atomic_rename``, and
+``list_info``, the listing with each object's size and version stamp. What a tier
 can do is declared as data in :class:`TierCapabilities`, never guessed from its
 class, so the commit protocol can pick the safe path for each tier.
 
@@ -20,6 +21,11 @@ Contracts every implementation keeps (checked by the conformance suite,
   reading past the end is an error, never a silent short read.
 * ``list(prefix)`` yields keys (sorted) of complete objects only; a tier's own
   temporary files are invisible.
+* ``list_info(prefix)`` yields an :class:`ObjectInfo` per key ``list`` yields, in
+  the same order, with the size ``head`` reports and, where the tier knows one,
+  the same ``etag`` as ``head``: a stamp that changes whenever the object is
+  written again (S3's ETag; on POSIX the file's mtime and inode). A consumer
+  keys freshness on ``(size, etag)`` and learns sizes without a ``head`` each.
 * ``delete`` of a missing key is not an error (it returns ``False``).
 * ``rename_prefix(src, dst)`` moves every object under ``src/`` to ``dst/``
   atomically and fails with :class:`ObjectExistsError` if ``dst/`` holds anything.
@@ -73,11 +79,21 @@ class TierCapabilities:
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """Metadata of one stored object."""
+    """Metadata of one stored object.
+
+    Attributes:
+        key: the object's key.
+        size: its size in bytes.
+        mtime: when it was written (unix time), where the tier knows.
+        etag: an opaque version stamp, where the tier knows one: it changes
+            whenever the object is written again (two writes of the same bytes
+            may or may not share one). ``None``: the tier cannot tell versions apart.
+    """
 
     key: str
     size: int
     mtime: float | None = None
+    etag: str | None = None
 
 
 class Tier(abc.ABC):
@@ -137,6 +153,26 @@ class Tier(abc.ABC):
         ``prefix`` is matched on whole path segments when it ends with ``/``,
         otherwise as a plain string prefix of the key.
         """
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Yield, sorted by key, the info of every object ``list(prefix)`` yields.
+
+        Each item carries the object's size and, where the tier knows one, its
+        ``etag`` (the same as ``head`` gives). An object deleted while the listing
+        runs may be left out; a listing that fails raises, never ends early.
+
+        The default lists and then ``head``s each key: correct for any tier, one
+        request per object. Tiers whose listing already returns sizes (S3's
+        ListObjectsV2) override it. ``prefix`` is refused as ``list`` refuses it.
+        """
+        return self._head_each(self.list(prefix))
+
+    def _head_each(self, keys: Iterator[str]) -> Iterator[ObjectInfo]:
+        for key in keys:
+            try:
+                yield self.head(key)
+            except ObjectNotFoundError:
+                continue  # deleted since it was listed
 
     @abc.abstractmethod
     # ``builtins.list``: in the class body ``list`` names the method above.

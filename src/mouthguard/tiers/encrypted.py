@@ -165,7 +165,7 @@ class EncryptedTier(WrappedTier):
         cipher = _ObjectCipher(aead, header, prefix, key.encode())
         counter = [0]
         info = self.inner.put(key, self._encrypting(cipher, data, counter), mode=mode)
-        return ObjectInfo(key, counter[0], info.mtime)
+        return dataclasses.replace(info, size=counter[0])
 
     def _encrypting(
         self, cipher: _ObjectCipher, data: PutData, plain_total: builtins.list[int]
@@ -223,12 +223,23 @@ class EncryptedTier(WrappedTier):
         A stored size that no plaintext produces (a damaged object) is reported
         as the nearest plausible size; reading the object fails authentication.
         """
-        info = self.inner.head(key)
+        return self._plain_info(self.inner.head(key))
+
+    @override
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """The inner listing with plaintext sizes, as :meth:`head` computes them.
+
+        The ``etag`` is the inner tier's (of the ciphertext): every write draws a
+        new salt, so it changes whenever the object is written again.
+        """
+        return map(self._plain_info, self.inner.list_info(prefix))
+
+    def _plain_info(self, info: ObjectInfo) -> ObjectInfo:
         plain = plaintext_size(info.size, self.chunk_size)
         if plain is None:
             full = max(info.size - HEADER_BYTES - TAG_BYTES, 0) // (self.chunk_size + TAG_BYTES)
             plain = (full + 1) * self.chunk_size - 1
-        return ObjectInfo(key, plain, info.mtime)
+        return dataclasses.replace(info, size=plain)
 
     # --- reading ------------------------------------------------------------------
 

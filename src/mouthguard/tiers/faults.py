@@ -75,6 +75,7 @@ OPS = (
     "head",
     "exists",
     "list",
+    "list_info",
     "list_dirs",
     "delete",
     "rename_prefix",
@@ -417,6 +418,11 @@ class FaultyTier(WrappedTier):
         # An injected error is raised at the call, not at the first item.
         self._before("list", prefix)
         return super().list(prefix)
+
+    @override
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        self._before("list_info", prefix)
+        return super().list_info(prefix)
 
     # ``builtins.list``: in the class body ``list`` names the method above.
     @override

@@ -79,6 +79,11 @@ _PUT_ATTEMPTS = 3
 _MISSING = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENXIO)
 
 
+def file_stamp(st: os.stat_result) -> str:
+    """A local object's version stamp (its ``etag``): modification time and inode, in hex."""
+    return f"{st.st_mtime_ns:x}-{st.st_ino:x}"
+
+
 class LinkedPathError(InvalidKeyError):
     """A key whose parent path passes through a symbolic link inside the root."""
 
@@ -340,7 +345,7 @@ class LocalTier(Tier):
                     if os.lstat(path).st_ino == st.st_ino:
                         path.unlink()
                 raise
-        return ObjectInfo(key, size, st.st_mtime)
+        return ObjectInfo(key, size, st.st_mtime, file_stamp(st))
 
     def _publish(self, key: str, tmp: Path, path: Path, mode: PutMode) -> None:
         if mode is PutMode.OVERWRITE:
@@ -427,7 +432,11 @@ class LocalTier(Tier):
 
     @override
     def head(self, key: str) -> ObjectInfo:
-        """Return the object's info; links and non-regular files are not objects."""
+        """Return the object's info; links and non-regular files are not objects.
+
+        The ``etag`` is :func:`file_stamp`: a publish renames a new file into place,
+        so every write gives the key a new inode and a new stamp.
+        """
         path = self._path(key)
         try:
             st = os.lstat(path)
@@ -436,7 +445,7 @@ class LocalTier(Tier):
             raise self._error("stat", key, exc, cls) from exc
         if not stat.S_ISREG(st.st_mode):
             raise ObjectNotFoundError(f"{key!r} on tier {self.name!r} is not an object")
-        return ObjectInfo(key, st.st_size, st.st_mtime)
+        return ObjectInfo(key, st.st_size, st.st_mtime, file_stamp(st))
 
     @override
     def exists(self, key: str) -> bool:

@@ -1,8 +1,10 @@
 """An in-process RAM tier: the fastest tier, and the reference implementation of the contract.
 
 :class:`MemoryTier` keeps every object as an immutable ``bytes`` value in a dict
-guarded by one lock. It is neither durable nor persistent: its objects vanish
-with the process (or with the instance). It exists for a node-local "fast"
+guarded by one lock. Each write gets the next number of a per-tier counter as
+its ``etag`` (a generation stamp: cheap, and unique within the tier's life). It
+is neither durable nor persistent: its objects vanish with the process (or with
+the instance). It exists for a node-local "fast"
 tier and for tests, and it deliberately implements every rule of
 :mod:`mouthguard.tiers.base` exactly, including atomic ``rename_prefix`` and
 atomic ``PutMode.CREATE``.
@@ -11,6 +13,7 @@ atomic ``PutMode.CREATE``.
 from __future__ import annotations
 
 import builtins
+import itertools
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -56,7 +59,8 @@ class MemoryTier(Tier):
         # One lock for everything: operations are O(n) at worst and the lock is
         # what makes CREATE and rename_prefix atomic.
         self._lock = threading.Lock()
-        self._objects: dict[str, tuple[bytes, float]] = {}
+        self._objects: dict[str, tuple[bytes, float, str]] = {}  # blob, mtime, etag
+        self._generations = itertools.count(1)
         self._tags: dict[str, dict[str, str]] = {}
 
     @property
@@ -90,9 +94,10 @@ class MemoryTier(Tier):
         with self._lock:
             if mode is PutMode.CREATE and key in self._objects:
                 raise ObjectExistsError(f"object {key!r} already exists on tier {self.name!r}")
-            self._objects[key] = (blob, mtime)
+            etag = f"g{next(self._generations)}"
+            self._objects[key] = (blob, mtime, etag)
             self._tags.pop(key, None)  # a new object starts without the old one's tags
-        return ObjectInfo(key, len(blob), mtime)
+        return ObjectInfo(key, len(blob), mtime, etag)
 
     def _blob(self, key: str) -> bytes:
         validate_key(key)
@@ -139,7 +144,7 @@ class MemoryTier(Tier):
             entry = self._objects.get(key)
         if entry is None:
             raise ObjectNotFoundError(f"object {key!r} not found on tier {self.name!r}")
-        return ObjectInfo(key, len(entry[0]), entry[1])
+        return ObjectInfo(key, len(entry[0]), entry[1], entry[2])
 
     @override
     def list(self, prefix: str = "") -> Iterator[str]:
@@ -149,6 +154,19 @@ class MemoryTier(Tier):
             keys = [k for k in self._objects if k.startswith(prefix)]
         keys.sort()
         return iter(keys)
+
+    @override
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Return an iterator over a sorted snapshot of the objects starting with ``prefix``."""
+        validate_prefix(prefix)
+        with self._lock:
+            infos = [
+                ObjectInfo(k, len(blob), mtime, etag)
+                for k, (blob, mtime, etag) in self._objects.items()
+                if k.startswith(prefix)
+            ]
+        infos.sort(key=lambda info: info.key)
+        return iter(infos)
 
     # ``builtins.list``: in the class body ``list`` names the method above.
     @override

@@ -22,6 +22,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from mouthguard.errors import TierError
+from mouthguard.tiers.base import ObjectInfo
 from mouthguard.tiers.s3_errors import (
     NO_HOLD,
     Secrets,
@@ -32,6 +33,15 @@ from mouthguard.tiers.s3_errors import (
 )
 
 MAX_TAGS = 10  # S3's limit per object
+
+
+def etag(raw: str | None) -> str | None:
+    """An S3 ETag as the tier reports it: without the quotes HTTP puts around it.
+
+    ListObjectsV2 and HEAD both quote it; stripping them in one place makes the
+    listing's and ``head``'s stamps of one object compare equal.
+    """
+    return raw.strip('"') if raw else None
 
 
 def check_tags(tags: Mapping[str, str] | None) -> dict[str, str] | None:
@@ -105,14 +115,26 @@ class S3Control:
 
     # --- listing -------------------------------------------------------------------
 
-    def list_keys(self, prefix: str) -> list[str]:
-        """Names (under the tier prefix) of all objects starting with ``prefix``, unfiltered."""
-        full_prefix, keys = self.prefix + prefix, list[str]()
+    def list_objects(self, prefix: str) -> list[ObjectInfo]:
+        """Every object (name under the tier prefix) starting with ``prefix``, unfiltered.
+
+        Each with the ``Size``, ``LastModified`` and ``ETag`` (quotes removed, as
+        :func:`etag` gives it) that ListObjectsV2 returns: no request per object.
+        """
+        full_prefix, found = self.prefix + prefix, list[ObjectInfo]()
         with self.errors("list", prefix or "/"):
             pages = self.client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=self.bucket, Prefix=full_prefix):
-                keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
-        return keys
+                found.extend(
+                    ObjectInfo(
+                        obj["Key"][len(self.prefix) :],
+                        int(obj["Size"]),
+                        obj["LastModified"].timestamp() if "LastModified" in obj else None,
+                        etag(obj.get("ETag")),
+                    )
+                    for obj in page.get("Contents", [])
+                )
+        return found
 
     def common_prefixes(self, prefix: str) -> list[str]:
         """S3's ``CommonPrefixes`` below ``prefix`` (``/``-delimited), relative to it."""

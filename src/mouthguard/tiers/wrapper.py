@@ -61,6 +61,11 @@ class WrappedTier(Tier):
     def list(self, prefix: str = "") -> Iterator[str]:
         return self.inner.list(prefix)
 
+    @override
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        # Forwarded, not Tier's list-then-head: the inner listing may carry sizes.
+        return self.inner.list_info(prefix)
+
     # ``builtins.list``: in the class body ``list`` names the method above.
     @override
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:

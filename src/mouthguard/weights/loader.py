@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,7 +62,10 @@ class LoadedWeights:
         bytes_read: bytes read from storage by this load (more than ``nbytes`` when a
             verified file's unwanted bytes had to be read for its checksum).
         downloaded: bytes pulled from a remote source into the cache by this load.
-        seconds: the load's wall time, from the call until every tensor is in place.
+        refreshed_files: cached files that were of an older remote version (the
+            object's ETag or size changed) and were downloaded again by this load.
+        seconds: the load's wall time, from the call until every tensor is in place,
+            not counting the first import of torch in the process.
         verified_files: files whose every byte matched their checksum.
         unverified_files: files without a checksum (or loaded with ``verify=False``).
         gds: whether GPUDirect Storage was used; ``gds_reason`` says why (not).
@@ -75,6 +78,7 @@ class LoadedWeights:
     nbytes: int = 0
     bytes_read: int = 0
     downloaded: int = 0
+    refreshed_files: list[str] = field(default_factory=list)
     seconds: float = 0.0
     verified_files: list[str] = field(default_factory=list)
     unverified_files: list[str] = field(default_factory=list)
@@ -134,14 +138,20 @@ def load(
         ChecksumMismatchError, RankFileError: damaged bytes (nothing is returned).
         TierError: the storage failed.
     """
-    started = time.perf_counter()
+    # The device is checked (and torch imported, a one-time cost of the process that
+    # a server has paid already) before the clock starts: ``seconds`` is the load's.
     target = _device(device)
+    started = time.perf_counter()
     remote = open_source(source, prefix=prefix, run=run, step=step)
     if files is not None:
         remote = _only(remote, files)
     remote_tier = not isinstance(remote.tier, LocalTier)
     cache = Path(cache_dir) if cache_dir is not None and remote_tier else None
-    opened, downloaded = localize(remote, cache) if cache is not None else (remote, 0)
+    opened, downloaded, refreshed = remote, 0, list[str]()
+    if cache is not None:
+        local = localize(remote, cache)
+        opened, downloaded = local.source, local.downloaded
+        refreshed.extend(local.refreshed)
     use_gds, gds_reason = _gds_choice(gds, target, opened)
     options = _Options(
         target,
@@ -166,10 +176,12 @@ def load(
                 "cached %s of %s is damaged: downloading it again", file.name, remote.description
             )
             opened.tier.delete(file.key)
-        opened, again = localize(remote, cache)
-        downloaded += again
+        local = localize(remote, cache)
+        opened, downloaded = local.source, downloaded + local.downloaded
+        refreshed.extend(local.refreshed)
         done = _read_all(opened, options, [])
     result = LoadedWeights({}, opened.description, opened.kind, str(target), downloaded=downloaded)
+    result.refreshed_files = refreshed
     result.gds, result.gds_reason = use_gds, gds_reason
     _collect(result, done)
     result.seconds = time.perf_counter() - started
@@ -238,7 +250,17 @@ def _read_all(
 def _read_one(
     source: WeightSource, file: WeightFile, options: _Options
 ) -> tuple[FilePlan, list[torch.Tensor], int]:
-    """One file: plan it, allocate its tensors on the device, read into them."""
+    """One file: plan it, allocate its tensors on the device, read into them.
+
+    An error names the file, and the checkpoint's run and step where it is one.
+    """
+    with source.naming(file):
+        return _read_planned(source, file, options)
+
+
+def _read_planned(
+    source: WeightSource, file: WeightFile, options: _Options
+) -> tuple[FilePlan, list[torch.Tensor], int]:
     import torch  # noqa: PLC0415 - see _read_all
 
     verify = options.verify and file.checksum is not None
@@ -283,7 +305,7 @@ def _only(source: WeightSource, names: Sequence[str]) -> WeightSource:
     missing = sorted(set(names) - {f.name for f in chosen})
     if missing:
         raise WeightsError(f"{source.description} has no file {missing}")
-    return WeightSource(source.tier, chosen, source.kind, source.description)
+    return replace(source, files=chosen)
 
 
 def _gds_choice(asked: bool | None, target: torch.device, source: WeightSource) -> tuple[bool, str]:

@@ -11,7 +11,11 @@ A source is one of:
   recorded), verified while loading;
 * a store (a directory or ``mouthguard.toml``) with ``run=`` (and ``step=``, else the
   newest committed step): the first tier holding that step, fast first;
-* ``s3://bucket/prefix`` holding either of the first two layouts.
+* ``s3://bucket/prefix`` holding either of the first two layouts;
+* a Hugging Face hub cache snapshot (``models--org--name/snapshots/<rev>/``, every
+  file a link into ``../../blobs/``), or the ``models--org--name`` folder itself
+  (the snapshot ``refs/main`` names): links are followed only inside the model's
+  cache folder (:mod:`mouthguard.weights.hub`).
 
 Everything read from a source is hostile input until checked: the index is
 parsed by the strict JSON parser with size and depth caps, every file it names
@@ -21,7 +25,9 @@ tensor it maps must be in its shard's header (:mod:`mouthguard.weights.plan`).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +41,7 @@ from mouthguard.format.signing import keys_from_env
 from mouthguard.tiers import Tier, join_key
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.object_keys import validate_key
+from mouthguard.weights.hub import HubSnapshot, find_snapshot
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -70,12 +77,41 @@ class WeightSource:
         files: the files, in the order the source lists them.
         kind: ``"safetensors-index"``, ``"safetensors"`` or ``"checkpoint"``.
         description: a path or URL for messages.
+        run: the checkpoint's run (``kind == "checkpoint"``), for messages.
+        step: the checkpoint's step, for messages.
     """
 
     tier: Tier
     files: tuple[WeightFile, ...]
     kind: str
     description: str
+    run: str | None = None
+    step: int | None = None
+
+    def where(self, file: WeightFile) -> str:
+        """How a message names ``file``: with its checkpoint's run and step where known."""
+        if self.run is not None:
+            return f"{file.name} of run {self.run!r} step {self.step} ({self.description})"
+        return f"{self.description}/{file.name}"
+
+    @contextlib.contextmanager
+    def naming(self, file: WeightFile) -> Iterator[None]:
+        """Re-raise a mouthguard error from the block as the same type naming ``file``.
+
+        The message gains :meth:`where` in front unless it names it already; an
+        error type that cannot be built from a message alone passes unchanged.
+        """
+        try:
+            yield
+        except MouthguardError as exc:
+            where, message = self.where(file), str(exc)
+            named: MouthguardError | None = None
+            if where not in message:
+                with contextlib.suppress(TypeError):  # a type with its own constructor
+                    named = type(exc)(f"{where}: {message.removeprefix(f'{file.name}: ')}")
+            if named is None:
+                raise
+            raise named from exc
 
 
 def open_source(
@@ -94,6 +130,10 @@ def open_source(
     """
     if run is not None:
         return _from_store(source, run, step)
+    if not isinstance(source, Tier) and not os.fspath(source).startswith("s3://"):
+        snapshot = find_snapshot(Path(source))
+        if snapshot is not None:
+            return _from_snapshot(snapshot)
     tier = _tier_of(source)
     prefix = prefix.strip("/")
     description = tier.location(prefix)
@@ -101,10 +141,18 @@ def open_source(
         return _from_checkpoint_dir(tier, prefix, source)
     index_key = join_key(prefix, INDEX_NAME)
     if tier.exists(index_key):
-        return _from_index(tier, prefix, index_key, description)
+        return _from_index(tier, index_key, description, lambda f: join_key(prefix, f))
     single = join_key(prefix, SINGLE_NAME)
     if tier.exists(single):
         return WeightSource(tier, (WeightFile(single, SINGLE_NAME),), "safetensors", description)
+    if isinstance(tier, LocalTier) and any(
+        (Path(description) / name).is_symlink() for name in (INDEX_NAME, SINGLE_NAME)
+    ):
+        raise WeightsError(
+            f"{description}: its {INDEX_NAME} or {SINGLE_NAME} is a symbolic link, and links "
+            "are followed only inside a hub cache snapshot (models--org--name/snapshots/<rev>): "
+            "load the snapshot, or copy the files here"
+        )
     raise WeightsError(
         f"{description}: no {INDEX_NAME}, {SINGLE_NAME} or checkpoint {MANIFEST_NAME} "
         "(a checkpoint store needs run=)"
@@ -125,7 +173,29 @@ def _tier_of(source: str | os.PathLike[str] | Tier) -> Tier:
     return LocalTier(path.resolve(), name="weights", domain="local")
 
 
-def _from_index(tier: Tier, prefix: str, index_key: str, description: str) -> WeightSource:
+def _from_snapshot(snapshot: HubSnapshot) -> WeightSource:
+    description = str(snapshot.snapshot)
+    index_key = snapshot.key(INDEX_NAME)
+    if index_key is not None:
+
+        def shard(name: str) -> str:
+            key = snapshot.key(name)
+            if key is None:
+                raise WeightsError(f"{description}/{INDEX_NAME} names {name}, which is not there")
+            return key
+
+        return _from_index(snapshot.tier, index_key, description, shard)
+    single = snapshot.key(SINGLE_NAME)
+    if single is not None:
+        files = (WeightFile(single, SINGLE_NAME),)
+        return WeightSource(snapshot.tier, files, "safetensors", description)
+    raise WeightsError(f"{description}: a hub cache snapshot with no {INDEX_NAME} or {SINGLE_NAME}")
+
+
+def _from_index(
+    tier: Tier, index_key: str, description: str, locate: Callable[[str], str]
+) -> WeightSource:
+    """The shards an index names; ``locate`` gives a shard's key from its file name."""
     info = tier.head(index_key)
     if info.size > MAX_INDEX_BYTES:
         raise WeightsError(f"{description}/{INDEX_NAME} is {info.size} bytes: not an index")
@@ -144,8 +214,7 @@ def _from_index(tier: Tier, prefix: str, index_key: str, description: str) -> We
             raise WeightsError(f"{INDEX_NAME}: tensor {name!r} maps to {file!r}, not a file name")
         by_file.setdefault(_plain_name(file), set()).add(name)
     files = tuple(
-        WeightFile(join_key(prefix, f), f, tensors=frozenset(names))
-        for f, names in sorted(by_file.items())
+        WeightFile(locate(f), f, tensors=frozenset(names)) for f, names in sorted(by_file.items())
     )
     return WeightSource(tier, files, "safetensors-index", description)
 
@@ -194,7 +263,7 @@ def _checkpoint_files(tier: Tier, run: str, step: int) -> WeightSource:
         WeightFile(prefix + r.name, r.name, checksum=r.checksum, sha256=r.sha256)
         for r in manifest.files
     )
-    return WeightSource(tier, files, "checkpoint", tier.location(prefix))
+    return WeightSource(tier, files, "checkpoint", tier.location(prefix), run, step)
 
 
 def _from_store(source: str | os.PathLike[str] | Tier, run: str, step: int | None) -> WeightSource:

@@ -2,10 +2,12 @@
 
 Usage: ``python loader_e2e.py WORKDIR`` with the vLLM environment's interpreter.
 Saves the tiny model, copies its weights into a mouthguard checkpoint store (run
-``tiny``, step 3), then starts three engines one after another -- vLLM's own
-``safetensors`` loader, ``load_format="mouthguard"`` on the model directory, and
-``load_format="mouthguard"`` on the checkpoint, with a model directory that holds
-only ``config.json`` (so no other loader could have found weights) -- and writes, for each, the
+``tiny``, step 3) and files it in a Hugging Face hub cache layout (every file of
+``snapshots/<rev>/`` a link into ``blobs/``), then starts four engines one after
+another -- vLLM's own ``safetensors`` loader, ``load_format="mouthguard"`` on the
+model directory, on the hub snapshot, and on the checkpoint, with a model
+directory that holds only ``config.json`` (so no other loader could have found
+weights) -- and writes, for each, the
 generated tokens, the top-5 log-probabilities of every prompt and generated
 position, and the seconds from ``LLM(...)`` to the first request's end, to
 ``WORKDIR/result.json``.
@@ -22,6 +24,7 @@ from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[3]))  # the repository: tests.weights
 from common import make_model, prompt, quiet_engine, write_result
 
 PROMPTS = [prompt(10, 300), prompt(11, 77)]
@@ -67,6 +70,7 @@ def main() -> None:
     from safetensors.torch import load_file  # noqa: PLC0415
 
     import mouthguard  # noqa: PLC0415
+    from tests.weights.helpers import make_hub_cache  # noqa: PLC0415 - torch-heavy
 
     state = load_file(str(model / "model.safetensors"))
     store = work / "store"
@@ -74,9 +78,12 @@ def main() -> None:
     config_only = work / "config-only"
     config_only.mkdir(exist_ok=True)
     shutil.copy(model / "config.json", config_only / "config.json")
+    hub = work / "hub"
+    snapshot = next(hub.glob("models--*/snapshots/*"), None) or make_hub_cache(hub, model)
     result = {
         "safetensors": run_engine(model, "safetensors", None),
         "mouthguard_dir": run_engine(model, "mouthguard", None),
+        "mouthguard_hub": run_engine(snapshot, "mouthguard", None),
         "mouthguard_checkpoint": run_engine(
             config_only, "mouthguard", {"source": str(store), "run": "tiny", "step": 3}
         ),
