@@ -86,6 +86,9 @@ class Units(Opener[Closeable], Protocol):
     ) -> Iterator[Sample]:
         """Item ``items[i]`` of unit ``units[i]`` for each ``i``, in order; all are open."""
 
+    def close(self) -> None:
+        """Release what reading needed (after every unit is closed)."""
+
 
 def _remove_tree(path: str, owner: int) -> None:
     if os.getpid() == owner:  # a forked worker inherits the finalizer: only the owner removes
@@ -321,3 +324,4 @@ class StreamingDataset(IterableDataset[Any]):
             for handle in opened.values():
                 handle.close()
             prefetcher.close()
+            units.close()
