@@ -17,6 +17,7 @@ import pytest
 from mouthguard.data import StreamingDataset, open_dataset
 from mouthguard.data.cache import ShardCache
 from mouthguard.data.fetch import ReadSettings, ShardSource
+from mouthguard.data.follow import FollowedShard
 from mouthguard.data.streamed import StreamedShard
 from mouthguard.data.tarread import TarUnits
 from mouthguard.errors import ShardDamagedError, TierError
@@ -202,3 +203,32 @@ def test_a_shuffled_block_yields_its_first_sample_after_a_few_ranges(tmp_path: P
     assert window >= 48
     assert sum(counting.gets.values()) <= 4
     assert len(list(it)) == n - 1
+
+
+def test_another_reader_follows_a_stream_in_progress_and_falls_back_when_it_stops(
+    tmp_path: Path,
+) -> None:
+    """Two readers of one cache (as DataLoader workers are): the second reads the ranges
+    the first has verified instead of waiting for the whole shard, and reads the shard
+    itself once the first gives up."""
+    write_dataset(tmp_path, n=2000, shard_size=1024 * 1024, range_size=RANGE)
+    ds, cache = tmp_path / "ds", tmp_path / "cache"
+    slow = FaultPlan(delay=1.0, delay_seconds=0.05, ops=frozenset({"get"}), keys=".tar")
+    _, units_a = _source(ds, _tier(ds, slow), cache, 1)
+    source_b, units_b = _source(ds, _tier(ds), cache, 2)
+    first = units_a.open_unit(0, must=True)
+    assert isinstance(first, StreamedShard)
+    second = units_b.open_unit(0, must=True)  # does not wait for the first one's lock
+    assert isinstance(second, FollowedShard)
+    index = source_b.index(0)
+    got = list(units_b.read({0: second}, [0], [0]))
+    assert [s["__key__"] for s in got] == [index.samples[0].key]
+    assert not first.complete  # 16 ranges at 50 ms each, one at a time: far from done
+    first.close()  # the streamer gives up part-way: the follower reads it itself
+    count = source_b.dataset.shards[0].samples
+    keys = [s["__key__"] for s in units_b.read({0: second}, [0] * count, list(range(count)))]
+    assert keys == [e.key for e in index.samples]
+    second.close()
+    units_a.close()
+    units_b.close()
+    assert not [p for p in (cache / "tmp").iterdir() if p.name.endswith(".progress")]

@@ -7,6 +7,7 @@ can never meet a stale one)::
     <dir>/blobs/<sha256>        a verified shard (or index)
     <dir>/blobs/<sha256>.ok     its verification stamp; its mtime is the entry's last use
     <dir>/tmp/<sha256>.<pid>.<random>   a download in progress (sized to the full object)
+    <dir>/tmp/<sha256>.<pid>.<random>.progress   a streamed one's verified ranges (one byte each)
     <dir>/locks/<xyz>.lock      download locks, striped by the sha256's first 3 hex digits
     <dir>/cache.lock            held while space is reserved and entries evicted
 
@@ -68,6 +69,8 @@ from mouthguard.errors import ShardDamagedError, TierError
 log = logging.getLogger(__name__)
 
 Verify = Literal["stat", "always"]
+#: The suffix of a streamed download's record of verified ranges (:mod:`~mouthguard.data.follow`).
+PROGRESS = ".progress"
 _HASH_CHUNK = 8 * 1024 * 1024
 _ATTEMPTS = 4
 
@@ -328,6 +331,10 @@ class ShardCache:
             return Reservation(self, sha256, size, name, *reserved, lock)
         raise TierError(f"{name}: cache entry kept changing under {self.root}")
 
+    def open_existing(self, sha256: str, size: int, name: str) -> ShardFile | None:
+        """The entry ``sha256``, verified and pinned, if the cache holds it; never downloads."""
+        return self._open_verified(sha256, size, name)
+
     def _open_verified(self, sha256: str, size: int, name: str) -> ShardFile | None:
         path = self.blobs / sha256
         try:
@@ -387,6 +394,10 @@ class ShardCache:
                 used += st.st_size
         for entry in os.scandir(self.tmp):
             if entry.name.endswith(".ok") or ".ok." in entry.name:
+                continue
+            if entry.name.endswith(PROGRESS):
+                if not Path(entry.path[: -len(PROGRESS)]).exists():  # its download is gone
+                    Path(entry.path).unlink(missing_ok=True)
                 continue
             fd = _try_exclusive(Path(entry.path))
             if fd is not None:  # nobody downloads into it: its process died

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from mouthguard.data.cache import Reservation, ShardCache, ShardFile
 from mouthguard.data.dataset import Dataset, check_index
+from mouthguard.data.follow import follow
 from mouthguard.data.index import ShardIndex
 from mouthguard.data.part import Part
 from mouthguard.data.ranged import read_ranges
@@ -108,7 +109,7 @@ class ReadSettings:
     """
 
     range_size: int = 8 * 1024 * 1024
-    parallel: int = 4
+    parallel: int = 8
 
 
 class ShardSource:
@@ -188,6 +189,30 @@ class ShardSource:
 
     def _stream(self, key: str, record: ShardRecord, *, must: bool) -> ShardFile | None:
         """The cache entry, or a download handing out each range once it matched."""
+        assert self.cache is not None
+        assert record.ranges is not None
+        found = self.cache.open_existing(record.sha256, record.size, record.name)
+        if found is not None:
+            return found
+        followed = follow(
+            self.cache,
+            record.sha256,
+            table=record.ranges,
+            size=record.size,
+            name=record.name,
+            fallback=lambda: self._stream_now(key, record),
+        )
+        if followed is not None:
+            return followed
+        return self._stream_own(key, record, must=must)
+
+    def _stream_now(self, key: str, record: ShardRecord) -> ShardFile:
+        opened = self._stream_own(key, record, must=True)
+        assert opened is not None  # must=True never gives up
+        return opened
+
+    def _stream_own(self, key: str, record: ShardRecord, *, must: bool) -> ShardFile | None:
+        """Stream the shard in this process (or find it finished in the cache)."""
         assert self.cache is not None
         assert record.ranges is not None
         got = self.cache.open_or_reserve(record.sha256, record.size, name=record.name, must=must)

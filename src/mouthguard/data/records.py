@@ -41,7 +41,7 @@ RANGE_ALIGN = 512
 MIN_RANGE = 64 * 1024
 MAX_RANGE = 1024 * 1024 * 1024
 #: What the writer and ``data index`` record (see ``docs/benchmarks-data.md``: measured).
-DEFAULT_RANGE = 4 * 1024 * 1024
+DEFAULT_RANGE = 2 * 1024 * 1024
 #: ``PAR1`` + the footer's length + ``PAR1``: no Parquet file is smaller.
 MIN_PARQUET_BYTES = 12
 _SHA256 = re.compile(r"[0-9a-f]{64}")

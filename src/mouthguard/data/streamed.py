@@ -23,6 +23,10 @@ is verified (asking the fetcher for the missing ones first), so:
   shard (:class:`~mouthguard.data.records.RangeTable`) and the manifest binds
   both, and ``data verify`` checks that they agree. A shard closed before it
   is complete is dropped (the next reader downloads it again).
+* **Other processes.** Beside its temporary file the shard keeps a record of
+  its verified ranges, so DataLoader workers sharing the cache read the ranges
+  as they arrive instead of waiting for the whole shard
+  (:mod:`~mouthguard.data.follow`).
 * **Files.** The file descriptor is closed only by :meth:`close`, after the
   fetches of this shard in flight have finished (at most one request each),
   so a fetch never writes into a descriptor number reused for another file.
@@ -30,13 +34,16 @@ is verified (asking the fetcher for the missing ones first), so:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import threading
 from collections.abc import Iterable
+from pathlib import Path
 
-from mouthguard.data.cache import Reservation, ShardFile
+from mouthguard.data.cache import PROGRESS, Reservation, ShardFile
+from mouthguard.data.follow import GIVEN_UP, VERIFIED
 from mouthguard.data.rangefetch import RangeFetcher
 from mouthguard.data.records import RangeTable
 from mouthguard.errors import ShardDamagedError
@@ -45,6 +52,20 @@ from mouthguard.tiers import Tier
 log = logging.getLogger(__name__)
 
 _PENDING, _FLIGHT, _DONE = 0, 1, 2
+
+
+def _new_record(path: Path, ranges: int) -> int:
+    """A record of ``ranges`` zero bytes at ``path``, open for writing; whole when it appears."""
+    draft = Path(f"{path}.new")
+    fd = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, ranges)
+        draft.replace(path)
+    except BaseException:
+        os.close(fd)
+        draft.unlink(missing_ok=True)
+        raise
+    return fd
 
 
 class StreamedShard(ShardFile):
@@ -81,6 +102,8 @@ class StreamedShard(ShardFile):
         self._closed = False
         self._committing = False
         self._cond = threading.Condition()
+        self._record_path = Path(f"{reservation.tmp}{PROGRESS}")
+        self._record = _new_record(self._record_path, len(table.sha256))
         fetcher.add(self, len(table.sha256))
 
     @property
@@ -176,6 +199,19 @@ class StreamedShard(ShardFile):
         while view:
             written = os.pwrite(self.fd, view, at)
             view, at = view[written:], at + written
+        os.pwrite(self._record, bytes([VERIFIED]), k)  # after the bytes: followers read them
+
+    def _drop_record(self, give_up: bool) -> None:
+        """Remove the record of ranges; ``give_up``: tell its followers first."""
+        if self._record < 0:
+            return
+        if give_up:
+            with contextlib.suppress(OSError):
+                os.pwrite(self._record, bytes([GIVEN_UP]) * len(self._state), 0)
+        self._record_path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.close(self._record)
+        self._record = -1
 
     def _commit(self) -> None:
         reservation = self._reservation
@@ -184,6 +220,7 @@ class StreamedShard(ShardFile):
             reservation.commit()  # the same fd, now the pinned cache entry
         except Exception as exc:  # noqa: BLE001 - the bytes are verified: reads still serve
             log.warning("%s: verified, but not kept in the cache (%s)", self.name, exc)
+        self._drop_record(give_up=False)  # every range says verified: followers read on
         with self._cond:
             self._reservation = None
             self._committing = False
@@ -204,6 +241,7 @@ class StreamedShard(ShardFile):
             self._reservation, self._committing = reservation, True
             self._commit()  # verified whole just as it was closed: keep it
         elif reservation is not None:  # incomplete: not a cache entry
+            self._drop_record(give_up=True)
             reservation.abandon()
             self.fd = -1
             return
