@@ -395,8 +395,9 @@ class ShardCache:
         for entry in os.scandir(self.tmp):
             if entry.name.endswith(".ok") or ".ok." in entry.name:
                 continue
-            if entry.name.endswith(PROGRESS):
-                if not Path(entry.path[: -len(PROGRESS)]).exists():  # its download is gone
+            if PROGRESS in entry.name:  # a record (or its draft): never a download itself
+                download = entry.path[: entry.path.index(PROGRESS)]
+                if not Path(download).exists():  # its download is gone
                     Path(entry.path).unlink(missing_ok=True)
                 continue
             fd = _try_exclusive(Path(entry.path))

@@ -225,7 +225,11 @@ class ShardSource:
             raise
         if self._fetcher is None:
             self._fetcher = RangeFetcher(self.settings.parallel)
-        return StreamedShard(got, record.ranges, self._fetcher, self.dataset.location.tier, key)
+        try:
+            return StreamedShard(got, record.ranges, self._fetcher, self.dataset.location.tier, key)
+        except BaseException:
+            got.abandon()  # its download lock above all: held, it would stall every reader
+            raise
 
     @property
     def fetcher(self) -> RangeFetcher | None:
