@@ -9,7 +9,7 @@ configured, signed with HMAC-SHA256 exactly as checkpoint manifests are
      "name": "imagenet", "created": "2026-05-01T12:00:00Z",
      "shards": [{"name": "shard-000000.tar", "size": ..., "sha256": "...", "samples": ...,
                  "index": {"name": "shard-000000.index.json", "size": ..., "sha256": "..."},
-                 "ranges": {"size": 4194304, "sha256": ["...", ...]}}, ...],
+                 "ranges": {"size": 2097152, "sha256": ["...", ...]}}, ...],
      "totals": {"shards": ..., "samples": ..., "bytes": ...},
      "extensions": ["jpg", "json"],
      "fingerprint": "sha256:...",

@@ -40,7 +40,8 @@ MAX_UNIT_SAMPLES = 10_000_000
 RANGE_ALIGN = 512
 MIN_RANGE = 64 * 1024
 MAX_RANGE = 1024 * 1024 * 1024
-#: What the writer and ``data index`` record (see ``docs/benchmarks-data.md``: measured).
+#: What the writer and ``data index`` record: measured by ``python -m benchmarks.data.ranges``
+#: (docs/architecture.md, "Streamed shards").
 DEFAULT_RANGE = 2 * 1024 * 1024
 #: ``PAR1`` + the footer's length + ``PAR1``: no Parquet file is smaller.
 MIN_PARQUET_BYTES = 12
