@@ -28,7 +28,8 @@ started once (it never touched S3) with torch and mouthguard's reader already
 imported and botocore's S3 models loaded (:mod:`~mouthguard.data.worker_preload`),
 so a worker starts in milliseconds every epoch instead of importing torch again
 as a spawned one would; each opens its own connection from the dataset's
-``s3://`` URL. A burst signal of
+``s3://`` URL. The fork server is started when the loader is built, so its own
+start (seconds with a cold page cache) does not delay the first batch. A burst signal of
 the dataset is mirrored into the workers through shared memory
 (:class:`~mouthguard.data.burst.SharedBurst`) for the iteration's duration.
 """
@@ -59,6 +60,18 @@ def fork_server() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)
     return context
+
+
+def start_fork_server() -> None:
+    """Start the fork server now (if it is not running), importing the preload.
+
+    Called when a loader that will use it is built: its start -- importing
+    torch and the reader in a fresh process, seconds with a cold page cache --
+    is then part of building the loader, not of the first batch.
+    """
+    from multiprocessing import forkserver  # noqa: PLC0415 - only for S3 datasets' workers
+
+    forkserver.ensure_running()
 
 
 class StreamingDataLoader(DataLoader[Any]):
@@ -103,7 +116,12 @@ class StreamingDataLoader(DataLoader[Any]):
                     "DataLoader workers cannot share an S3 tier object: pass the dataset's "
                     "s3:// URL, so that each worker opens its own connection"
                 )
-            kwargs.setdefault("multiprocessing_context", fork_server())
+            context = kwargs.setdefault("multiprocessing_context", fork_server())
+            if context == "forkserver" or (
+                isinstance(context, multiprocessing.context.BaseContext)
+                and context.get_start_method() == "forkserver"
+            ):
+                start_fork_server()
         super().__init__(dataset, batch_size=size if isinstance(size, int) else None, **kwargs)
         self._stream = dataset
         self._epoch = dataset.epoch
