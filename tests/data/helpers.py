@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from mouthguard.data import DatasetManifest, ShardWriter
 from mouthguard.data.location import Target
+from mouthguard.data.manifest import ShardRecord, encode_manifest, parse_manifest
 from mouthguard.data.tarfmt import RECORD
 
 #: Shards of about 4 records (40 KiB): a few dozen samples make several shards.
@@ -81,3 +83,25 @@ def dir_bytes(path: Path) -> int:
         except FileNotFoundError:
             continue
     return total
+
+
+def rewrite_manifest(dataset_dir: Path, change: Callable[[ShardRecord], ShardRecord]) -> None:
+    """Re-encode a local dataset's (unsigned) manifest with ``change`` applied to each shard."""
+    path = dataset_dir / "dataset.json"
+    manifest = parse_manifest(path.read_bytes(), None)
+    shards = [change(s) for s in manifest.shards]
+    path.write_bytes(
+        encode_manifest(
+            manifest.name,
+            shards,
+            manifest.extensions,
+            created=manifest.created,
+            keys=None,
+            layout=manifest.layout,
+        )
+    )
+
+
+def as_packed_before_ranges(dataset_dir: Path) -> None:
+    """Make a dataset's manifest what a writer without range tables wrote: version 1."""
+    rewrite_manifest(dataset_dir, lambda s: replace(s, ranges=None))

@@ -72,6 +72,30 @@ def test_resume_with_workers_is_exact(ds: Path, cut: int) -> None:
     assert head + tail == whole
 
 
+@pytest.mark.parametrize("cut", [3, 14])
+def test_persistent_workers_follow_the_position_and_resume_exactly(ds: Path, cut: int) -> None:
+    """Workers kept across epochs read each iteration's start from the loader: the same
+    sequence as new workers every epoch, through an interrupted epoch and a resume.
+
+    (Persistent workers used to be refused; they now read the start position the
+    loader keeps in shared memory, so the test that pinned the refusal became this.)
+    """
+    reference = StreamingDataLoader(make(ds), num_workers=2)
+    whole = [flat(batches(reference)) for _ in range(3)]
+    kept = StreamingDataLoader(make(ds), num_workers=2, persistent_workers=True)
+    assert flat(batches(kept)) == whole[0]
+    head = flat(batches(kept, cut))  # epoch 1, interrupted
+    assert head == whole[1][: len(head)]
+    state = kept.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, min(cut * BATCH, N))
+    rest = flat(batches(kept))  # the same workers go on from where delivery stopped
+    assert head + rest == whole[1]
+    assert flat(batches(kept)) == whole[2]
+    resumed = StreamingDataLoader(make(ds), num_workers=2, persistent_workers=True)
+    resumed.load_state_dict(state)
+    assert head + flat(batches(resumed)) == whole[1]
+
+
 def test_spawned_workers_open_their_own_tier(ds: Path) -> None:
     """Spawned workers unpickle the dataset: its location reopens its tier in the worker."""
     reference = [s["__key__"] for s in make(ds)]
@@ -100,8 +124,6 @@ def test_damage_in_a_worker_names_the_shard_in_the_main_process(
 def test_settings_that_would_break_the_position_are_refused(ds: Path) -> None:
     with pytest.raises(ValueError, match="batch_size"):
         StreamingDataLoader(make(ds), batch_size=BATCH + 1)
-    with pytest.raises(ValueError, match="persistent_workers"):
-        StreamingDataLoader(make(ds), num_workers=1, persistent_workers=True)
     with pytest.raises(ValueError, match="in_order=False"):
         StreamingDataLoader(make(ds), num_workers=2, in_order=False)
 

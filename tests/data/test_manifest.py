@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from mouthguard.data.manifest import (
     ByteRange,
     IndexRecord,
     ParquetRecord,
+    RangeTable,
     RowGroupRecord,
     ShardRecord,
     encode_manifest,
@@ -143,7 +146,9 @@ def _shard(field: str, value: Any) -> Callable[[Body], None]:
 
 HOSTILE: dict[str, Callable[[Body], None]] = {
     "another format": lambda b: b.__setitem__("format", "mouthguard-checkpoint"),
-    "a newer version": lambda b: b.__setitem__("version", 2),
+    "a newer version": lambda b: b.__setitem__("version", 3),
+    "a version that is a string": lambda b: b.__setitem__("version", "2"),
+    "ranges in a version 1 manifest": _shard("ranges", {"size": 65536, "sha256": ["a" * 64]}),
     "another kind": lambda b: b.__setitem__("kind", "parquet"),
     "an unknown member": lambda b: b.__setitem__("extra", 1),
     "a member missing": lambda b: b.pop("totals"),
@@ -173,6 +178,77 @@ HOSTILE: dict[str, Callable[[Body], None]] = {
 def test_hostile_manifest_with_a_valid_seal_is_refused(case: str) -> None:
     with pytest.raises(ManifestError, match="dataset manifest"):
         parse_manifest(_resealed(HOSTILE[case]), None)
+
+
+def _ranged(number: int, size: int, range_size: int = 65536) -> ShardRecord:
+    base = _record(number)
+    count = -(-size // range_size)
+    table = RangeTable(range_size, tuple(f"{k % 10}" * 64 for k in range(count)))
+    return replace(base, size=size, ranges=table)
+
+
+def test_ranged_manifest_is_version_2_and_round_trips() -> None:
+    shards = [_ranged(0, 10240 * 20), _ranged(1, 10240 * 7)]  # 4 ranges, then 2 (last short)
+    raw = _raw(shards)
+    assert unseal(raw)["version"] == 2
+    manifest = parse_manifest(raw, None)
+    assert manifest.shards == tuple(shards)
+    table = manifest.shards[0].ranges
+    assert table is not None and table.span(3, shards[0].size) == (3 * 65536, 204800 - 3 * 65536)
+    # Ranges are derived from the bytes the shard's sha256 names: the fingerprint ignores them.
+    plain = [replace(s, ranges=None) for s in shards]
+    assert manifest.fingerprint == fingerprint(plain)
+
+
+def test_manifest_without_ranges_is_still_written_and_read_as_version_1() -> None:
+    """A dataset packed before ranges existed: same bytes, same parse, whole-shard checks."""
+    raw = _raw()
+    assert unseal(raw)["version"] == 1
+    assert all(s.ranges is None for s in parse_manifest(raw, None).shards)
+
+
+def _ranged_resealed(change: Callable[[Body], None]) -> bytes:
+    body = unseal(_raw([_ranged(0, 10240 * 20), _ranged(1, 10240 * 7)]))
+    change(body)
+    return seal(body)
+
+
+def _ranges(field: str, value: Any) -> Callable[[Body], None]:
+    return lambda b: b["shards"][0]["ranges"].__setitem__(field, value)
+
+
+HOSTILE_RANGES: dict[str, tuple[Callable[[Body], None], str]] = {
+    "one range short of the shard": (
+        lambda b: b["shards"][0]["ranges"]["sha256"].pop(),
+        "do not cover the shard: 3 sha256s for 204800 bytes in ranges of 65536",
+    ),
+    "a range past the end": (
+        lambda b: b["shards"][0]["ranges"]["sha256"].append("a" * 64),
+        "do not cover the shard: 5 sha256s",
+    ),
+    "a range size the table does not fit (overlap)": (
+        _ranges("size", 2 * 65536),
+        "do not cover the shard: 4 sha256s for 204800 bytes in ranges of 131072",
+    ),
+    "a range size not a whole block": (_ranges("size", 65536 + 1), "not a multiple of 512"),
+    "a zero range size": (_ranges("size", 0), "not a multiple of 512"),
+    "a tiny range size": (_ranges("size", 512), "not a multiple of 512 in"),
+    "a range size that is a bool": (_ranges("size", True), "range size"),
+    "a range sha256 not hex": (
+        lambda b: b["shards"][0]["ranges"]["sha256"].__setitem__(1, "z" * 64),
+        "range sha256",
+    ),
+    "ranges not a list": (_ranges("sha256", "a" * 64), "do not cover the shard"),
+    "an unknown range member": (_ranges("offsets", [0]), "ranges must be an object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_RANGES))
+def test_hostile_range_table_is_refused(case: str) -> None:
+    """Offsets are implied by the size, so a table either tiles the shard or is refused."""
+    change, message = HOSTILE_RANGES[case]
+    with pytest.raises(ManifestError, match=re.escape(message)):
+        parse_manifest(_ranged_resealed(change), None)
 
 
 def test_oversized_manifest_is_refused_unread(tmp_path: Path) -> None:

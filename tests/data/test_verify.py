@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,15 @@ from mouthguard.errors import DatasetNotFoundError, ManifestError, SignatureErro
 from mouthguard.tiers.local import LocalTier
 
 from .adopted import parquet_files, wds_tars
-from .helpers import flip_byte, index_path, shard_path, truncate, write_dataset
+from .helpers import (
+    as_packed_before_ranges,
+    flip_byte,
+    index_path,
+    rewrite_manifest,
+    shard_path,
+    truncate,
+    write_dataset,
+)
 
 KEY = bytes(range(32))
 
@@ -46,6 +55,49 @@ def test_a_flipped_byte_is_a_mismatch_naming_the_shard(ds: Path, where: int) -> 
     status, reason = verdicts.pop("shard-000002.tar")
     assert status == "mismatch" and "shard-000002.tar" in reason
     assert {s for s, _ in verdicts.values()} == {"ok"}
+
+
+def test_a_flipped_byte_names_the_range_it_is_in(tmp_path: Path) -> None:
+    """A version 2 manifest: the reason says which range's sha256 failed, with its bytes."""
+    write_dataset(tmp_path, n=300, shard_size=200 * 1024, range_size=64 * 1024)
+    ds = tmp_path / "ds"
+    dataset = open_dataset(ds)
+    index = dataset.read_index(dataset.manifest.shards[0])
+    inside = next(  # a payload byte (not a header) in range 1
+        m.offset for e in index.samples for m in e.members if m.offset >= 65536 and m.size
+    )
+    flip_byte(shard_path(ds, 0), inside)
+    status, reason = _verdicts(ds)["shard-000000.tar"]
+    assert status == "mismatch"
+    assert "range 1 (bytes 65536 to 131072): sha256 does not match" in reason
+
+
+def test_a_range_table_that_disagrees_with_the_bytes_is_a_mismatch(tmp_path: Path) -> None:
+    """Whole-shard sha256 right, one range's wrong: ``verify`` checks both, so it fails."""
+    write_dataset(tmp_path, n=300, shard_size=200 * 1024, range_size=64 * 1024)
+    ds = tmp_path / "ds"
+
+    def wrong_range_2(s: ShardRecord) -> ShardRecord:
+        assert s.ranges is not None
+        digests = list(s.ranges.sha256)
+        if s.name == "shard-000000.tar":
+            digests[2] = "0" * 64
+        return replace(s, ranges=replace(s.ranges, sha256=tuple(digests)))
+
+    rewrite_manifest(ds, wrong_range_2)
+    verdicts = _verdicts(ds)
+    status, reason = verdicts.pop("shard-000000.tar")
+    assert status == "mismatch" and "range 2 (bytes 131072 to" in reason
+    assert {s for s, _ in verdicts.values()} == {"ok"}
+
+
+def test_a_dataset_packed_before_range_tables_still_verifies(ds: Path) -> None:
+    as_packed_before_ranges(ds)
+    assert open_dataset(ds).manifest.shards[0].ranges is None
+    assert verify_dataset(ds).ok
+    flip_byte(shard_path(ds, 2), 700)
+    status, reason = _verdicts(ds)["shard-000002.tar"]
+    assert status == "mismatch" and "sha256 does not match" in reason
 
 
 def test_a_truncated_shard_is_a_mismatch(ds: Path) -> None:

@@ -25,7 +25,10 @@ and :mod:`~mouthguard.data.verify` (reading and checking),
 :mod:`~mouthguard.data.order` (epoch order and partitioning),
 :mod:`~mouthguard.data.cache`, :mod:`~mouthguard.data.fetch` and
 :mod:`~mouthguard.data.prefetch` (the local cache, downloads of shards and byte
-ranges, prefetch), :mod:`~mouthguard.data.tarread` and
+ranges, prefetch), :mod:`~mouthguard.data.streamed`,
+:mod:`~mouthguard.data.rangefetch` and :mod:`~mouthguard.data.follow` (a shard
+handed out range by range as each range verifies, the process's bounded range
+reads, other workers reading a shard being streamed), :mod:`~mouthguard.data.tarread` and
 :mod:`~mouthguard.data.pqread` (samples out of shards, rows out of row groups),
 :mod:`~mouthguard.data.stream` and :mod:`~mouthguard.data.loader` (the torch side).
 

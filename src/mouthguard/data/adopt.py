@@ -36,7 +36,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -54,7 +54,14 @@ from mouthguard.data.manifest import (
     parse_manifest,
 )
 from mouthguard.data.ranged import DEFAULT_PARALLEL, DEFAULT_RANGE_SIZE, read_ranges
-from mouthguard.data.records import IndexRecord, ParquetRecord, ShardRecord
+from mouthguard.data.rangehash import FixedRanges
+from mouthguard.data.records import (
+    DEFAULT_RANGE,
+    IndexRecord,
+    ParquetRecord,
+    RangeTable,
+    ShardRecord,
+)
 from mouthguard.data.tarscan import scan_tar
 from mouthguard.errors import (
     AdoptionError,
@@ -192,13 +199,25 @@ class _Indexer:
         chunks = read_ranges(
             tier, key, size, shard=path, range_size=self.range_size, parallel=self.parallel
         )
-        scan = scan_tar((data for _, data in chunks), size, path, on_bytes=self.on_bytes)
+        ranges = FixedRanges(DEFAULT_RANGE)  # the same bytes the scan hashes, in order
+
+        def fed() -> Iterator[bytes]:
+            for _, data in chunks:
+                ranges.feed(data)
+                yield data
+
+        scan = scan_tar(fed(), size, path, on_bytes=self.on_bytes)
         index = encode_index(path, size, scan.samples)
         index_name = names.adopted_index_name(path)
         self.put(self.index_location.key(names.SHARDS_DIR, index_name), index)
         digest = hashlib.sha256(index).hexdigest()
         record = ShardRecord(
-            path, size, scan.sha256, len(scan.samples), IndexRecord(index_name, len(index), digest)
+            path,
+            size,
+            scan.sha256,
+            len(scan.samples),
+            IndexRecord(index_name, len(index), digest),
+            RangeTable(DEFAULT_RANGE, ranges.digests()),
         )
         return record, {m.ext for s in scan.samples for m in s.members}
 

@@ -7,6 +7,7 @@ can never meet a stale one)::
     <dir>/blobs/<sha256>        a verified shard (or index)
     <dir>/blobs/<sha256>.ok     its verification stamp; its mtime is the entry's last use
     <dir>/tmp/<sha256>.<pid>.<random>   a download in progress (sized to the full object)
+    <dir>/tmp/<sha256>.<pid>.<random>.progress   a streamed one's verified ranges (one byte each)
     <dir>/locks/<xyz>.lock      download locks, striped by the sha256's first 3 hex digits
     <dir>/cache.lock            held while space is reserved and entries evicted
 
@@ -68,6 +69,8 @@ from mouthguard.errors import ShardDamagedError, TierError
 log = logging.getLogger(__name__)
 
 Verify = Literal["stat", "always"]
+#: The suffix of a streamed download's record of verified ranges (:mod:`~mouthguard.data.follow`).
+PROGRESS = ".progress"
 _HASH_CHUNK = 8 * 1024 * 1024
 _ATTEMPTS = 4
 
@@ -109,6 +112,53 @@ class ShardFile:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
+
+
+class Reservation:
+    """A cache entry being filled: its temporary file, open and sized, and its download lock.
+
+    Write the object's bytes into :attr:`fd`, then :meth:`commit` once they are
+    verified -- or :meth:`abandon`. Exactly one of the two must be called.
+    """
+
+    def __init__(  # noqa: PLR0917 - built in one place, by ShardCache.open_or_reserve
+        self, cache: ShardCache, sha256: str, size: int, name: str, fd: int, tmp: Path, lock: int
+    ) -> None:
+        self.cache = cache
+        self.sha256 = sha256
+        self.size = size
+        self.name = name
+        self.fd = fd
+        self.tmp = tmp
+        self._lock = lock
+
+    def commit(self) -> ShardFile:
+        """Insert the (verified) bytes as the entry; the open file, pinned, for the caller.
+
+        If it fails, the entry is not inserted and the caller still owns :attr:`fd`.
+        """
+        try:
+            self.tmp.rename(self.cache.blobs / self.sha256)
+        except BaseException:  # the caller still owns (and closes) the fd
+            self.tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                os.close(self._lock)
+            raise
+        # From the reservation's lock to a pin. flock converts by unlocking first: in
+        # that instant an eviction may unlink the new blob. Our fd still reads the
+        # verified bytes; the entry is merely downloaded again by its next user.
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+        os.close(self._lock)
+        self.cache.write_stamp(self.sha256, self.fd)
+        return ShardFile(self.fd, self.size, self.name)
+
+    def abandon(self) -> None:
+        """Drop the bytes and release the lock: the next user downloads the entry again."""
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.close(self._lock)
 
 
 def hash_range(fd: int, start: int, size: int) -> str:
@@ -233,15 +283,57 @@ class ShardCache:
             ShardDamagedError: the downloaded bytes do not match ``sha256``.
             TierError: the download failed.
         """
+        got = self.open_or_reserve(sha256, size, name=name, must=must)
+        if not isinstance(got, Reservation):
+            return got
+        try:
+            _check_download(fetch(got.fd), sha256, name, what)
+        except BaseException:
+            got.abandon()
+            raise
+        try:
+            return got.commit()
+        except BaseException:
+            os.close(got.fd)
+            raise
+
+    def open_or_reserve(
+        self, sha256: str, size: int, *, name: str, must: bool
+    ) -> ShardFile | Reservation | None:
+        """The entry ``sha256`` if it is here (verified, pinned), else a reservation to fill it.
+
+        The reservation holds the entry's download lock until it is committed or
+        abandoned: other processes asking for the entry wait for it, then find it.
+        None: ``must`` is false and there is no room.
+
+        Raises:
+            TierError: space could not be reserved, or the entry kept changing.
+        """
         for _ in range(_ATTEMPTS):
             found = self._open_verified(sha256, size, name)
             if found is not None:
                 return found
-            with flocked(self.locks / f"{sha256[:3]}.lock"):
+            lock = os.open(
+                self.locks / f"{sha256[:3]}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
                 if (self.blobs / sha256).exists():
+                    os.close(lock)
                     continue  # inserted while we waited for the lock: verify it above
-                return self._download(sha256, size, fetch, name=name, must=must, what=what)
+                reserved = self._reserve(sha256, size, must=must)
+            except BaseException:
+                os.close(lock)
+                raise
+            if reserved is None:
+                os.close(lock)
+                return None
+            return Reservation(self, sha256, size, name, *reserved, lock)
         raise TierError(f"{name}: cache entry kept changing under {self.root}")
+
+    def open_existing(self, sha256: str, size: int, name: str) -> ShardFile | None:
+        """The entry ``sha256``, verified and pinned, if the cache holds it; never downloads."""
+        return self._open_verified(sha256, size, name)
 
     def _open_verified(self, sha256: str, size: int, name: str) -> ShardFile | None:
         path = self.blobs / sha256
@@ -262,44 +354,17 @@ class ShardCache:
             self._touch(stamp)
             return ShardFile(fd, size, name)
         if hash_fd(fd, size) == sha256:
-            self._write_stamp(sha256, fd)
+            self.write_stamp(sha256, fd)
             return ShardFile(fd, size, name)
         os.close(fd)
         log.warning("cache entry of %s in %s was altered: fetching it again", name, path)
         self._remove(sha256)
         return None
 
-    def _download(
-        self,
-        sha256: str,
-        size: int,
-        fetch: Callable[[int], str],
-        *,
-        name: str,
-        must: bool,
-        what: str,
-    ) -> ShardFile | None:
-        reserved = self._reserve(sha256, size, must=must)
-        if reserved is None:
-            return None
-        fd, tmp = reserved
-        try:
-            _check_download(fetch(fd), sha256, name, what)
-            tmp.rename(self.blobs / sha256)
-        except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
-        # From the reservation's lock to a pin. flock converts by unlocking first: in
-        # that instant an eviction may unlink the new blob. Our fd still reads the
-        # verified bytes; the entry is merely downloaded again by its next user.
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        self._write_stamp(sha256, fd)
-        return ShardFile(fd, size, name)
-
     # --- stamps ----------------------------------------------------------------------
 
-    def _write_stamp(self, sha256: str, fd: int) -> None:
+    def write_stamp(self, sha256: str, fd: int) -> None:
+        """Record that the blob ``sha256`` open as ``fd`` hashed right, as it is now."""
         stamp = self.blobs / f"{sha256}.ok"
         tmp = self.tmp / f"{sha256}.ok.{uuid.uuid4().hex}"
         tmp.write_text(json.dumps(stat_key(fd)))
@@ -329,6 +394,11 @@ class ShardCache:
                 used += st.st_size
         for entry in os.scandir(self.tmp):
             if entry.name.endswith(".ok") or ".ok." in entry.name:
+                continue
+            if PROGRESS in entry.name:  # a record (or its draft): never a download itself
+                download = entry.path[: entry.path.index(PROGRESS)]
+                if not Path(download).exists():  # its download is gone
+                    Path(entry.path).unlink(missing_ok=True)
                 continue
             fd = _try_exclusive(Path(entry.path))
             if fd is not None:  # nobody downloads into it: its process died

@@ -14,8 +14,13 @@ file, in one of two ways:
   dataset's processes (:mod:`~mouthguard.data.verified`) spares the re-hash, in
   every process and epoch, while the file's metadata is unchanged.
 
-Either way no byte of a shard or range is used before the whole of it matched
-the manifest, and the data file must have the manifest's size (a truncated file
+A tar shard whose manifest records a range table (version 2) is not downloaded
+whole first: through the cache it is **streamed** (:mod:`~mouthguard.data.streamed`),
+each range read by the process's bounded
+:class:`~mouthguard.data.rangefetch.RangeFetcher`, hashed, and handed out once it
+matched its own sha256 -- the reader waits for the ranges a sample touches, not
+for the shard. Otherwise no byte of a shard or range is used before the whole
+of it matched the manifest. The data file must have the manifest's size (a truncated file
 is damage, not a short read). Indexes are checked (size, sha256) and parsed as
 hostile input before use. Prefetching ahead of the reader is
 :mod:`~mouthguard.data.prefetch`.
@@ -29,11 +34,15 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from mouthguard.data.cache import ShardCache, ShardFile
+from mouthguard.data.cache import Reservation, ShardCache, ShardFile
 from mouthguard.data.dataset import Dataset, check_index
+from mouthguard.data.follow import follow
 from mouthguard.data.index import ShardIndex
 from mouthguard.data.part import Part
 from mouthguard.data.ranged import read_ranges
+from mouthguard.data.rangefetch import RangeFetcher
+from mouthguard.data.records import ShardRecord
+from mouthguard.data.streamed import StreamedShard
 from mouthguard.data.verified import VerifiedFiles
 from mouthguard.errors import ObjectNotFoundError, ShardDamagedError
 from mouthguard.tiers.local import LocalTier
@@ -92,10 +101,15 @@ class IndexMemo:
 
 @dataclass(frozen=True)
 class ReadSettings:
-    """How shards are downloaded: bytes per range read, and ranges in flight."""
+    """How shards are downloaded: bytes per range read, and ranges in flight.
+
+    ``range_size`` applies to shards the manifest has no range table for (and
+    to indexes, Parquet row groups); a shard with one is read in its own ranges.
+    ``parallel`` bounds the range reads in flight of one process.
+    """
 
     range_size: int = 8 * 1024 * 1024
-    parallel: int = 4
+    parallel: int = 8
 
 
 class ShardSource:
@@ -125,6 +139,7 @@ class ShardSource:
         self.verified = place if isinstance(place, VerifiedFiles) else None
         self.settings = settings
         self._indexes = indexes if indexes is not None else IndexMemo()
+        self._fetcher: RangeFetcher | None = None  # started by the first streamed shard
 
     def _check_size(self, key: str, record_size: int, name: str) -> None:
         """ShardDamagedError unless ``key`` exists with the manifest's size."""
@@ -166,8 +181,66 @@ class ShardSource:
             TierError: it could not be read.
         """
         record = self.dataset.shards[number]
+        key = self.dataset.shard_key(record)
+        if self.cache is not None and record.ranges is not None:
+            return self._stream(key, record, must=must)
         part = Part(record.name, "shard", record.size, 0, record.size, record.sha256)
-        return self.open_part(self.dataset.shard_key(record), part, must=must)
+        return self.open_part(key, part, must=must)
+
+    def _stream(self, key: str, record: ShardRecord, *, must: bool) -> ShardFile | None:
+        """The cache entry, or a download handing out each range once it matched."""
+        assert self.cache is not None
+        assert record.ranges is not None
+        found = self.cache.open_existing(record.sha256, record.size, record.name)
+        if found is not None:
+            return found
+        followed = follow(
+            self.cache,
+            record.sha256,
+            table=record.ranges,
+            size=record.size,
+            name=record.name,
+            fallback=lambda: self._stream_now(key, record),
+        )
+        if followed is not None:
+            return followed
+        return self._stream_own(key, record, must=must)
+
+    def _stream_now(self, key: str, record: ShardRecord) -> ShardFile:
+        opened = self._stream_own(key, record, must=True)
+        assert opened is not None  # must=True never gives up
+        return opened
+
+    def _stream_own(self, key: str, record: ShardRecord, *, must: bool) -> ShardFile | None:
+        """Stream the shard in this process (or find it finished in the cache)."""
+        assert self.cache is not None
+        assert record.ranges is not None
+        got = self.cache.open_or_reserve(record.sha256, record.size, name=record.name, must=must)
+        if not isinstance(got, Reservation):
+            return got
+        try:
+            self._check_size(key, record.size, record.name)
+        except BaseException:
+            got.abandon()
+            raise
+        if self._fetcher is None:
+            self._fetcher = RangeFetcher(self.settings.parallel)
+        try:
+            return StreamedShard(got, record.ranges, self._fetcher, self.dataset.location.tier, key)
+        except BaseException:
+            got.abandon()  # its download lock above all: held, it would stall every reader
+            raise
+
+    @property
+    def fetcher(self) -> RangeFetcher | None:
+        """The range reads of streamed shards (None until the first), for reports and tests."""
+        return self._fetcher
+
+    def close(self) -> None:
+        """Stop this source's range reads (its streamed shards must be closed first)."""
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
 
     def open_part(self, key: str, part: Part, *, must: bool) -> ShardFile | None:
         """``part`` of the data file ``key`` as a verified, open file (None: no room to prefetch).

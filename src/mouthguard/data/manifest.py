@@ -5,15 +5,29 @@ whose last member checksums every byte before it) and, when a manifest key is
 configured, signed with HMAC-SHA256 exactly as checkpoint manifests are
 (:mod:`mouthguard.format.signing`, ``$MOUTHGUARD_MANIFEST_KEY``)::
 
-    {"format": "mouthguard-dataset", "version": 1, "kind": "webdataset",
+    {"format": "mouthguard-dataset", "version": 2, "kind": "webdataset",
      "name": "imagenet", "created": "2026-05-01T12:00:00Z",
      "shards": [{"name": "shard-000000.tar", "size": ..., "sha256": "...", "samples": ...,
-                 "index": {"name": "shard-000000.index.json", "size": ..., "sha256": "..."}}, ...],
+                 "index": {"name": "shard-000000.index.json", "size": ..., "sha256": "..."},
+                 "ranges": {"size": 2097152, "sha256": ["...", ...]}}, ...],
      "totals": {"shards": ..., "samples": ..., "bytes": ...},
      "extensions": ["jpg", "json"],
      "fingerprint": "sha256:...",
      "manifest_signature": "hmac-sha256:<key id>:<hex>",     # with a key only
      "manifest_checksum": "xxh3-128:..."}
+
+**Versions.** Version 2 (written since per-range verification) adds
+``ranges`` to a tar shard: the sha256 of each ``size``-byte range of the shard,
+in order (the last one shorter), so a reader can hand out a range's samples
+as soon as that range has arrived and matched, instead of after the whole
+shard. The offsets are implied, so the ranges tile the shard by construction;
+the parser checks the size (a multiple of 512 in [64 KiB, 1 GiB]) and that
+there is exactly one sha256 per range. A manifest whose shards have no ranges
+is written as version 1, byte for byte what it always was, and version 1 is
+read as before: its shards are verified whole. The ranges are not part of the
+fingerprint -- they are derived from the bytes the shard's sha256 already
+names -- so a dataset packed again with ranges keeps its fingerprint and
+saved positions.
 
 Adopted datasets (``mouthguard data index``: the user's files stay where they are)
 say so with ``"layout": "indexed"`` -- a packed manifest has no ``layout`` member
@@ -62,6 +76,7 @@ from mouthguard.data.records import (
     Checker,
     IndexRecord,
     ParquetRecord,
+    RangeTable,
     RowGroupRecord,
     ShardRecord,
     parquet_json,
@@ -76,7 +91,10 @@ from mouthguard.format.typed_json import JsonValue
 from mouthguard.tiers.key_material import Keyring
 
 DATASET_FORMAT = "mouthguard-dataset"
-DATASET_VERSION = 1
+#: Version 2 adds per-range sha256s to tar shards; 1 (no ranges) is still read and
+#: still written for a dataset whose shards have none (an adopted one, Parquet).
+DATASET_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 #: What the data files are.
 KIND = "webdataset"
 PARQUET = "parquet"
@@ -100,6 +118,7 @@ __all__ = [
     "DatasetManifest",
     "IndexRecord",
     "ParquetRecord",
+    "RangeTable",
     "RowGroupRecord",
     "ShardRecord",
     "encode_manifest",
@@ -215,9 +234,10 @@ def encode_manifest(
     """
     if layout not in (PACKED, INDEXED):
         raise ValueError(f"layout must be {PACKED!r} or {INDEXED!r}, not {layout!r}")
+    ranged = any(s.ranges is not None for s in shards)
     body: dict[str, JsonValue] = {
         "format": DATASET_FORMAT,
-        "version": DATASET_VERSION,
+        "version": DATASET_VERSION if ranged else 1,
         "kind": KIND,
         **({"layout": INDEXED} if layout == INDEXED else {}),
         "name": name,
@@ -245,7 +265,7 @@ def encode_parquet_manifest(
     """An adopted Parquet dataset's manifest bytes: sealed, signed with ``keys`` if given."""
     body: dict[str, JsonValue] = {
         "format": DATASET_FORMAT,
-        "version": DATASET_VERSION,
+        "version": 1,
         "kind": PARQUET,
         "layout": INDEXED,
         "name": name,
@@ -298,8 +318,11 @@ def parse_manifest(raw: bytes, keys: Keyring | None) -> DatasetManifest:
         obj = check.members(body, _TOP_PARQUET, "the top level")
     else:
         obj = check.members(body, _TOP | ({"layout"} & set(body)), "the top level")
-    if obj["format"] != DATASET_FORMAT or obj["version"] != DATASET_VERSION:
-        raise check.fail(f"is not a {DATASET_FORMAT} version {DATASET_VERSION}")
+    version = obj["version"]
+    if obj["format"] != DATASET_FORMAT or type(version) is not int:
+        raise check.fail(f"is not a {DATASET_FORMAT}")
+    if version not in READABLE_VERSIONS:
+        raise check.fail(f"is version {version}; this mouthguard reads {READABLE_VERSIONS}")
     if kind not in (KIND, PARQUET):
         raise check.fail(f"kind {kind!r:.40} is neither {KIND!r} nor {PARQUET!r}")
     layout = obj.get("layout", PACKED)
@@ -308,7 +331,7 @@ def parse_manifest(raw: bytes, keys: Keyring | None) -> DatasetManifest:
     common = _Common(check.segment(obj["name"], "name"), check.time(obj["created"]), kid, signed)
     if kind == PARQUET:
         return _parse_parquet(obj, check, common)
-    return _parse_webdataset(obj, check, common, str(layout))
+    return _parse_webdataset(obj, check, common, str(layout), ranged=version >= 2)
 
 
 @dataclass(frozen=True)
@@ -322,7 +345,7 @@ class _Common:
 
 
 def _parse_webdataset(
-    obj: dict[str, JsonValue], check: Checker, common: _Common, layout: str
+    obj: dict[str, JsonValue], check: Checker, common: _Common, layout: str, *, ranged: bool
 ) -> DatasetManifest:
     raw_shards = obj["shards"]
     if type(raw_shards) is not list or not raw_shards:
@@ -331,7 +354,7 @@ def _parse_webdataset(
     shards: list[ShardRecord] = []
     for i, item in enumerate(raw_shards):
         previous = shards[-1].name if shards else None
-        shards.append(check.shard(item, i, previous, adopted))
+        shards.append(check.shard(item, i, previous, adopted, ranged))
     totals = check.members(obj["totals"], {"shards", "samples", "bytes"}, "totals")
     expected = {
         "shards": len(shards),

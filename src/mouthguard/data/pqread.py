@@ -136,6 +136,10 @@ class RowGroupUnits:
         self._footers: OrderedDict[int, Any] = OrderedDict()
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Release the source (row groups are fetched whole: nothing streams)."""
+        self.source.close()
+
     def _footer(self, number: int) -> Any:
         with self._lock:
             meta = self._footers.get(number)

@@ -47,3 +47,36 @@ class RangeHasher:
     def digests(self) -> list[str]:
         """Each range's sha256 hex, in order."""
         return [h.hexdigest() for h in self.parts]
+
+
+class FixedRanges:
+    """sha256 of each consecutive ``size``-byte range of a stream of chunks (the last shorter).
+
+    For a writer that does not know the total size in advance: chunks come in
+    order, of any length; :meth:`digests` closes the last, partial range.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("range size must be >= 1")
+        self.size = size
+        self._done: list[str] = []
+        self._current = hashlib.sha256()
+        self._filled = 0  # bytes in the current range
+
+    def feed(self, data: bytes | memoryview) -> None:
+        """The next chunk of the stream."""
+        view = memoryview(data)
+        while view:
+            take = min(len(view), self.size - self._filled)
+            self._current.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == self.size:
+                self._done.append(self._current.hexdigest())
+                self._current, self._filled = hashlib.sha256(), 0
+
+    def digests(self) -> tuple[str, ...]:
+        """Each range's sha256 hex, in order, the partial last one included (if any bytes)."""
+        tail = (self._current.hexdigest(),) if self._filled else ()
+        return (*self._done, *tail)

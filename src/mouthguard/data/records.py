@@ -36,6 +36,13 @@ from mouthguard.tiers.object_keys import is_valid_segment
 
 #: Samples one shard, or rows one row group, may claim (see the module docstring).
 MAX_UNIT_SAMPLES = 10_000_000
+#: Range sizes a manifest may record: whole tar blocks, from 64 KiB to 1 GiB.
+RANGE_ALIGN = 512
+MIN_RANGE = 64 * 1024
+MAX_RANGE = 1024 * 1024 * 1024
+#: What the writer and ``data index`` record: measured by ``python -m benchmarks.data.ranges``
+#: (docs/architecture.md, "Streamed shards").
+DEFAULT_RANGE = 2 * 1024 * 1024
 #: ``PAR1`` + the footer's length + ``PAR1``: no Parquet file is smaller.
 MIN_PARQUET_BYTES = 12
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -51,14 +58,33 @@ class IndexRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class RangeTable:
+    """A shard's per-range sha256s: range ``k`` is bytes ``[k * size, min((k + 1) * size, end))``.
+
+    The offsets are implied by ``size``, so the ranges tile the shard by
+    construction: no gap, no overlap, nothing past the end -- the parser only
+    has to check that there is one digest per range.
+    """
+
+    size: int
+    sha256: tuple[str, ...]
+
+    def span(self, k: int, file_size: int) -> tuple[int, int]:
+        """``(offset, length)`` of range ``k`` of a file of ``file_size`` bytes."""
+        offset = k * self.size
+        return offset, min(self.size, file_size - offset)
+
+
+@dataclass(frozen=True, slots=True)
 class ShardRecord:
-    """One tar shard, as the manifest records it."""
+    """One tar shard, as the manifest records it (``ranges``: None in a version 1 manifest)."""
 
     name: str
     size: int
     sha256: str
     samples: int
     index: IndexRecord
+    ranges: RangeTable | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +133,17 @@ class ParquetRecord:
 
 
 def shard_json(s: ShardRecord) -> dict[str, JsonValue]:
-    """A shard record as the manifest writes it."""
-    return {
+    """A shard record as the manifest writes it (``ranges`` only when it has them)."""
+    body: dict[str, JsonValue] = {
         "name": s.name,
         "size": s.size,
         "sha256": s.sha256,
         "samples": s.samples,
         "index": {"name": s.index.name, "size": s.index.size, "sha256": s.index.sha256},
     }
+    if s.ranges is not None:
+        body["ranges"] = {"size": s.ranges.size, "sha256": list[JsonValue](s.ranges.sha256)}
+    return body
 
 
 def parquet_json(f: ParquetRecord) -> dict[str, JsonValue]:
@@ -200,10 +229,21 @@ class Checker:
         return path
 
     def shard(
-        self, raw: JsonValue, number: int, previous: str | None, adopted: bool
+        self,
+        raw: JsonValue,
+        number: int,
+        previous: str | None,
+        adopted: bool,
+        ranged: bool = False,
     ) -> ShardRecord:
-        """Shard ``number`` of a packed dataset, or of an adopted one (after ``previous``)."""
-        obj = self.members(raw, {"name", "size", "sha256", "samples", "index"}, f"shard {number}")
+        """Shard ``number`` of a packed dataset, or of an adopted one (after ``previous``).
+
+        ``ranged``: the manifest's version allows a ``ranges`` member (2 and later).
+        """
+        allowed = {"name", "size", "sha256", "samples", "index"}
+        if ranged and type(raw) is dict and "ranges" in raw:
+            allowed.add("ranges")
+        obj = self.members(raw, allowed, f"shard {number}")
         if adopted:
             name = self.path(obj["name"], ".tar", previous, f"shard {number}")
             index_name = names.adopted_index_name(name)
@@ -232,7 +272,27 @@ class Checker:
                 self.count(index["size"], f"{where} index size", 1),
                 self.sha(index["sha256"], f"{where} index sha256"),
             ),
+            self.ranges(obj["ranges"], size, where) if "ranges" in obj else None,
         )
+
+    def ranges(self, raw: JsonValue, file_size: int, where: str) -> RangeTable:
+        """A range table that tiles a file of ``file_size`` bytes (see :class:`RangeTable`)."""
+        obj = self.members(raw, {"size", "sha256"}, f"{where} ranges")
+        size = obj["size"]
+        if type(size) is not int or not MIN_RANGE <= size <= MAX_RANGE or size % RANGE_ALIGN:
+            raise self.fail(
+                f"{where} range size {size!r:.40} is not a multiple of {RANGE_ALIGN} "
+                f"in [{MIN_RANGE}, {MAX_RANGE}]"
+            )
+        digests = obj["sha256"]
+        expected = -(-file_size // size)
+        if type(digests) is not list or len(digests) != expected:
+            got = len(digests) if type(digests) is list else "no list of"
+            raise self.fail(
+                f"{where} ranges do not cover the shard: {got} sha256s for "
+                f"{file_size} bytes in ranges of {size} ({expected} needed)"
+            )
+        return RangeTable(size, tuple(self.sha(d, f"{where} range sha256") for d in digests))
 
     def parquet(self, raw: JsonValue, number: int, previous: str | None) -> ParquetRecord:
         """Parquet file ``number`` (after ``previous``): ranges inside it, sorted, footer last."""

@@ -1,8 +1,10 @@
 """The loader's reader of tar shards: samples out of verified shard files, by index.
 
-A shard is opened whole and verified against the manifest's sha256 before any
-of its samples is read (:class:`~mouthguard.data.fetch.ShardSource`); its index
-is checked and parsed as hostile input. A sample is then one read of its span,
+A shard is opened verified (:class:`~mouthguard.data.fetch.ShardSource`): whole
+against the manifest's sha256 before any of its samples is read, or -- streamed
+from a remote tier with a range table -- range by range, a sample read only
+once every range it touches matched (:mod:`~mouthguard.data.streamed`); its
+index is checked and parsed as hostile input. A sample is then one read of its span,
 cut into members as the index says.
 
 Packed shards are also checked member by member: each member's USTAR header must
@@ -25,6 +27,7 @@ from typing import Any
 from mouthguard.data import names, tarfmt
 from mouthguard.data.cache import ShardFile
 from mouthguard.data.fetch import ShardSource
+from mouthguard.data.streamed import StreamedShard
 from mouthguard.errors import ShardDamagedError
 
 Sample = dict[str, Any]
@@ -45,8 +48,38 @@ class TarUnits:
         self, opened: Mapping[int, ShardFile], units: Sequence[int], items: Sequence[int]
     ) -> Iterator[Sample]:
         """Sample ``items[i]`` of shard ``units[i]``, for each ``i`` in turn, one at a time."""
+        self._ask_ahead(opened, units, items)
         for unit, number in zip(units, items, strict=True):
             yield self._sample(opened[unit], unit, number)
+
+    def close(self) -> None:
+        """Stop the source's range reads (every shard opened from it is closed)."""
+        self.source.close()
+
+    def _ask_ahead(
+        self, opened: Mapping[int, ShardFile], units: Sequence[int], items: Sequence[int]
+    ) -> None:
+        """Ask for the ranges these samples touch, in the order they will be read.
+
+        A shuffled block needs its shards' ranges in an order of its own; fetched
+        in that order, its first samples are ready after a few ranges, not after
+        whole shards.
+        """
+        streaming = {
+            u: f for u, f in opened.items() if isinstance(f, StreamedShard) and not f.complete
+        }
+        if not streaming:
+            return
+        asked: dict[int, set[int]] = {u: set() for u in streaming}
+        for unit, number in zip(units, items, strict=True):
+            file = streaming.get(unit)
+            if file is None:
+                continue
+            entry = self.source.index(unit).samples[number]
+            fresh = [k for k in file.ranges_of(entry.offset, entry.length) if k not in asked[unit]]
+            if fresh:
+                asked[unit].update(fresh)
+                file.want(fresh)
 
     def _sample(self, file: ShardFile, unit: int, number: int) -> Sample:
         entry = self.source.index(unit).samples[number]

@@ -4,7 +4,8 @@ A tier's ``put`` pulls its data from an iterable; a writer that receives samples
 one at a time has data to push. :class:`Upload` bridges the two with a bounded
 queue and one thread that runs ``put(mode=CREATE)`` over a generator reading the
 queue. The generator computes the sha256 (and the size) of exactly the chunks it
-hands to the tier, so the digest is of the bytes stored, with no second pass.
+hands to the tier, so the digest is of the bytes stored, with no second pass --
+and, given ``range_size``, the sha256 of each range of that many bytes too.
 
 Contract:
 
@@ -24,6 +25,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
+from mouthguard.data.rangehash import FixedRanges
 from mouthguard.tiers import PutMode, Tier
 
 #: How long ``send`` and the generator wait before looking at the other side again.
@@ -46,8 +48,11 @@ class Upload:
         depth: chunks queued at most.
     """
 
-    def __init__(self, tier: Tier, key: str, *, depth: int = 8) -> None:
+    def __init__(
+        self, tier: Tier, key: str, *, depth: int = 8, range_size: int | None = None
+    ) -> None:
         self.key = key
+        self._ranges = FixedRanges(range_size) if range_size is not None else None
         self._tier = tier
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._sha = hashlib.sha256()
@@ -70,6 +75,8 @@ class Upload:
                 return
             assert isinstance(item, bytes)
             self._sha.update(item)
+            if self._ranges is not None:
+                self._ranges.feed(item)
             self._size += len(item)
             yield item
 
@@ -112,6 +119,10 @@ class Upload:
         self._thread.join()
         self._raise_if_failed()
         return self._size, self._sha.hexdigest()
+
+    def range_digests(self) -> tuple[str, ...]:
+        """After :meth:`finish`: the sha256 of each ``range_size`` range (empty without one)."""
+        return () if self._ranges is None else self._ranges.digests()
 
     def abort(self) -> None:
         """Abandon the object (see the module docstring); returns once the tier let go."""

@@ -6,7 +6,10 @@ truncated shard is damage, not a failed read), then every byte of the shard
 through concurrent ranged reads, hashed in order, with every member's tar
 header checked against the index as its bytes go by. So a shard passes only if
 its bytes are the manifest's *and* a tar reader finds in it exactly the
-samples the index lists. An adopted shard's headers are the user's writer's
+samples the index lists -- and, where the manifest has a range table (version
+2), every range's sha256 is checked too, each mismatch named by its range and
+bytes, so a shard passes only if both the whole-shard and the per-range
+sha256s are right. An adopted shard's headers are the user's writer's
 (long names, PAX), so instead its index is derived again from the bytes as
 they go by (:mod:`~mouthguard.data.tarscan`, the same one pass that hashes
 them) and must equal the stored one.
@@ -36,7 +39,7 @@ Each shard gets one verdict:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -48,7 +51,7 @@ from mouthguard.data.index import ShardIndex
 from mouthguard.data.location import Target
 from mouthguard.data.manifest import ParquetRecord, ShardRecord
 from mouthguard.data.ranged import DEFAULT_PARALLEL, DEFAULT_RANGE_SIZE, read_ranges
-from mouthguard.data.rangehash import RangeHasher
+from mouthguard.data.rangehash import FixedRanges, RangeHasher
 from mouthguard.data.tarscan import scan_tar
 from mouthguard.errors import (
     AdoptionError,
@@ -134,10 +137,13 @@ def check_shard_bytes(
         )
     expected = headers_by_offset(index)
     digest = hashlib.sha256()
+    ranges = _range_hasher(shard)
     for start, data in read_ranges(
         dataset.location.tier, key, size, shard=shard.name, range_size=range_size, parallel=parallel
     ):
         digest.update(data)
+        if ranges is not None:
+            ranges.feed(data)
         # Ranges are whole 512-byte blocks, so every header lies inside one range.
         view = memoryview(data)
         for at in range(start, start + len(data), tarfmt.BLOCK):
@@ -149,9 +155,33 @@ def check_shard_bytes(
                     raise ShardDamagedError(
                         f"shard {shard.name}: at byte {at}: {problem}", shard=shard.name
                     )
+    check_ranges(shard, ranges)
     if digest.hexdigest() != shard.sha256:
         raise ShardDamagedError(
             f"shard {shard.name}: sha256 does not match the manifest", shard=shard.name
+        )
+
+
+def _range_hasher(shard: ShardRecord) -> FixedRanges | None:
+    return None if shard.ranges is None else FixedRanges(shard.ranges.size)
+
+
+def check_ranges(shard: ShardRecord, hashed: FixedRanges | None) -> None:
+    """ShardDamagedError naming every range whose sha256 is not the manifest's.
+
+    A shard with no range table (a version 1 manifest) has nothing to check here.
+    """
+    if shard.ranges is None or hashed is None:
+        return
+    table = shard.ranges
+    bad = [k for k, sha in enumerate(hashed.digests()) if sha != table.sha256[k]]
+    if bad:
+        spans = [(k, *table.span(k, shard.size)) for k in bad[:5]]
+        shown = ", ".join(f"range {k} (bytes {o} to {o + n})" for k, o, n in spans)
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ShardDamagedError(
+            f"shard {shard.name}: {shown}{more}: sha256 does not match the manifest",
+            shard=shard.name,
         )
 
 
@@ -177,10 +207,19 @@ def check_adopted_bytes(
     key = dataset.shard_key(shard)
     _check_size(dataset, key, shard.name, shard.size)
     chunks = read_ranges(dataset.location.tier, key, shard.size, shard=shard.name, **read)
+    ranges = _range_hasher(shard)
+
+    def fed() -> Iterator[bytes]:  # the range sha256s of exactly the bytes the scan hashes
+        for _, data in chunks:
+            if ranges is not None:
+                ranges.feed(data)
+            yield data
+
     try:
-        scan = scan_tar((data for _, data in chunks), shard.size, shard.name)
+        scan = scan_tar(fed(), shard.size, shard.name)
     except AdoptionError as exc:
         raise ShardDamagedError(str(exc), shard=shard.name) from None
+    check_ranges(shard, ranges)
     if scan.sha256 != shard.sha256:
         raise ShardDamagedError(
             f"{shard.name}: sha256 does not match the manifest", shard=shard.name

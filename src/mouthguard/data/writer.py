@@ -46,6 +46,13 @@ from mouthguard.data.manifest import (
     encode_manifest,
     parse_manifest,
 )
+from mouthguard.data.records import (
+    DEFAULT_RANGE,
+    MAX_RANGE,
+    MIN_RANGE,
+    RANGE_ALIGN,
+    RangeTable,
+)
 from mouthguard.data.upload import Upload
 from mouthguard.errors import DatasetError, DatasetExistsError, ObjectExistsError, SampleError
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
@@ -114,9 +121,10 @@ def sample_members(sample: Mapping[str, object]) -> tuple[str, list[tuple[str, b
 class _Shard:
     """The shard being written: its upload, offset, samples and a gather buffer."""
 
-    def __init__(self, location: Location, number: int) -> None:
+    def __init__(self, location: Location, number: int, range_size: int) -> None:
         self.name = names.shard_name(number)
-        self.upload = Upload(location.tier, location.key(names.SHARDS_DIR, self.name))
+        key = location.key(names.SHARDS_DIR, self.name)
+        self.upload = Upload(location.tier, key, range_size=range_size)
         self.offset = 0
         self.samples: list[SampleEntry] = []
         self._buffer = bytearray()
@@ -147,12 +155,13 @@ class _Shard:
             self.upload.send(bytes(self._buffer))
             self._buffer.clear()
 
-    def finish(self) -> tuple[int, str]:
+    def finish(self) -> tuple[int, str, tuple[str, ...]]:
+        """End the shard: ``(size, sha256, sha256 of each range)``."""
         self._gather(tarfmt.zeros(tarfmt.archive_end(self.offset)))
         self.flush()
         size, sha = self.upload.finish()
         assert size == self.offset, (size, self.offset)  # every byte went through _gather
-        return size, sha
+        return size, sha, self.upload.range_digests()
 
 
 class ShardWriter:
@@ -167,6 +176,10 @@ class ShardWriter:
         prefix: a key prefix inside ``dest`` (with a tier).
         signing_key: manifest key (``[ID=]KEY[,...]``, bytes or a keyring); default
             ``$MOUTHGUARD_MANIFEST_KEY``. With one, the manifest is signed.
+        range_size: the manifest records the sha256 of every range of this many
+            bytes of each shard, so readers verify (and hand out) a shard range by
+            range (:class:`~mouthguard.data.records.RangeTable`); a multiple of 512
+            in [64 KiB, 1 GiB].
 
     Raises:
         DatasetExistsError: ``dest/name`` already holds a dataset, or debris of one.
@@ -180,9 +193,15 @@ class ShardWriter:
         shard_size: int = DEFAULT_SHARD_SIZE,
         prefix: str = "",
         signing_key: KeySpec | None = None,
+        range_size: int = DEFAULT_RANGE,
     ) -> None:
         if shard_size < tarfmt.RECORD:
             raise ValueError(f"shard_size must be at least {tarfmt.RECORD} bytes")
+        if not MIN_RANGE <= range_size <= MAX_RANGE or range_size % RANGE_ALIGN:
+            raise ValueError(
+                f"range_size must be a multiple of {RANGE_ALIGN} in [{MIN_RANGE}, {MAX_RANGE}]"
+            )
+        self.range_size = range_size
         validate_segment(name)
         self.name = name
         self.shard_size = shard_size
@@ -222,7 +241,7 @@ class ShardWriter:
                 self._finish_shard()
                 shard = None
             if shard is None:
-                shard = self._shard = _Shard(self.location, len(self._records))
+                shard = self._shard = _Shard(self.location, len(self._records), self.range_size)
                 self._written.append(shard.upload.key)
             shard.add(key, parts)
         except BaseException:
@@ -235,7 +254,7 @@ class ShardWriter:
         shard = self._shard
         assert shard is not None
         self._shard = None
-        size, sha = shard.finish()
+        size, sha, ranges = shard.finish()
         index = encode_index(shard.name, size, shard.samples)
         index_name = names.index_name(shard.name)
         index_key = self.location.key(names.SHARDS_DIR, index_name)
@@ -247,6 +266,7 @@ class ShardWriter:
             sha,
             len(shard.samples),
             IndexRecord(index_name, len(index), hashlib.sha256(index).hexdigest()),
+            RangeTable(self.range_size, ranges),
         )
         self._records.append(record)
         log.debug("dataset %s: %s committed (%d samples)", self.name, shard.name, record.samples)
