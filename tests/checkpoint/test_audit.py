@@ -32,6 +32,14 @@ from mouthguard.tiers.wrapper import WrappedTier
 from tests.checkpoint.helpers import flip_byte
 
 ROOT = Path(__file__).parents[2]
+
+
+def _child_env() -> dict[str, str]:
+    """The environment for a child interpreter: this checkout's tests and sources first."""
+    paths = [str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
 DAY = 86400.0
 KEY = "a" * 64
 
@@ -155,7 +163,7 @@ def test_a_kill_between_intent_and_outcome_leaves_the_intent_saying_so(
         [sys.executable, "-m", "tests.checkpoint.audit_child", str(path), act],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ["PYTHONPATH"]])},
+        env=_child_env(),
         cwd=ROOT,
     )
     assert child.stdout is not None
@@ -193,7 +201,7 @@ def test_two_processes_appending_at_once_never_clobber_each_other(tmp_path: Path
         "    with audited('hold', 'r', i, [store.fast], sys.argv[2]):\n"
         "        pass\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"]}
+    env = _child_env()
     children = [
         subprocess.Popen([sys.executable, "-c", code, str(path), name], env=env)
         for name in ("one", "two")
@@ -292,8 +300,9 @@ def test_with_a_key_a_rewritten_chain_is_still_found(
 
 
 def test_audit_lists_filters_exports_and_checks(
-    trail: mouthguard.Store, capsys: pytest.CaptureFixture[str]
+    trail: mouthguard.Store, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "250")  # rich reads it: no table cell wrapped
     root = trail.source
     capsys.readouterr()
     assert main(["--store", root, "audit", "r", "4", "--json"]) == 0
