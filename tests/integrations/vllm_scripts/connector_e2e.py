@@ -16,14 +16,13 @@ Runs three engines one after another, each its own engine process, and writes
 
 from __future__ import annotations
 
-import gc
 import sys
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).parent))
-from common import make_model, prompt, quiet_engine, write_result
+from common import close_engine, make_model, prompt, quiet_engine, start_engine, write_result
 
 SHARED = prompt(1, 520)
 PROMPTS = {
@@ -35,7 +34,6 @@ MAX_TOKENS = 12
 
 
 def engine(model: Path, kv_dir: Path | None) -> Any:
-    from vllm import LLM  # noqa: PLC0415
     from vllm.config import KVTransferConfig  # noqa: PLC0415
 
     transfer = None
@@ -51,14 +49,7 @@ def engine(model: Path, kv_dir: Path | None) -> Any:
                 "memory_bytes": 32 << 20,
             },
         )
-    return LLM(
-        model=str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
-        seed=0,
-        kv_transfer_config=transfer,
-    )
+    return start_engine(model, kv_transfer_config=transfer)
 
 
 def generate(llm: Any, name: str) -> dict[str, Any]:
@@ -68,12 +59,6 @@ def generate(llm: Any, name: str) -> dict[str, Any]:
     output = llm.generate([{"prompt_token_ids": PROMPTS[name]}], params, use_tqdm=False)[0]
     counts = (output.kv_transfer_params or {}).get("mouthguard", {})
     return {"tokens": list(output.outputs[0].token_ids), **counts}
-
-
-def close(llm: Any) -> None:
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
 
 
 def damage(kv_dir: Path) -> int:
@@ -100,7 +85,7 @@ def main() -> None:
     first = {"A": generate(llm, "A"), "C": generate(llm, "C")}
     llm.reset_prefix_cache()
     first["B"] = generate(llm, "B")
-    close(llm)
+    close_engine(llm)
     result["first"] = first
     result["files_after_first"] = sorted(p.name for p in kv_dir.iterdir())
 
@@ -108,12 +93,12 @@ def main() -> None:
     second = {"B": generate(llm, "B")}
     result["damaged_files"] = damage(kv_dir)
     second["C"] = generate(llm, "C")
-    close(llm)
+    close_engine(llm)
     result["second"] = second
 
     llm = engine(model, None)
     result["reference"] = {name: generate(llm, name) for name in PROMPTS}
-    close(llm)
+    close_engine(llm)
     write_result(work / "result.json", result)
 
 

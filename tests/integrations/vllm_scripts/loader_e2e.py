@@ -13,7 +13,6 @@ position, and the seconds from ``LLM(...)`` to the first request's end, to
 
 from __future__ import annotations
 
-import gc
 import shutil
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).parent))
-from common import make_model, prompt, quiet_engine, write_result
+from common import close_engine, make_model, prompt, quiet_engine, start_engine, write_result
 
 PROMPTS = [prompt(10, 300), prompt(11, 77)]
 
@@ -33,18 +32,10 @@ def logprob_rows(rows: Any) -> list[dict[str, float]]:
 
 
 def run_engine(model: Path, load_format: str, extra: dict[str, Any] | None) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams  # noqa: PLC0415
+    from vllm import SamplingParams  # noqa: PLC0415
 
     started = time.perf_counter()
-    llm = LLM(
-        model=str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
-        seed=0,
-        load_format=load_format,
-        model_loader_extra_config=extra or {},
-    )
+    llm = start_engine(model, load_format=load_format, model_loader_extra_config=extra or {})
     params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=5, prompt_logprobs=5)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     seconds = time.perf_counter() - started
@@ -54,9 +45,7 @@ def run_engine(model: Path, load_format: str, extra: dict[str, Any] | None) -> d
         "prompt_logprobs": [logprob_rows(o.prompt_logprobs) for o in outputs],
         "logprobs": [logprob_rows(o.outputs[0].logprobs) for o in outputs],
     }
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
+    close_engine(llm)
     return result
 
 
