@@ -10,7 +10,7 @@ to it with ``scripts/install-vllm-load-peers.sh``), on one random Llama. Each
 format runs in its own process (``benchmarks/vllm/load_engine.py``), one engine
 start with its files evicted from the page cache and one right after with them
 cached; rounds rotate the order of the formats. A format that fails is reported
-with the error it raised.
+with the first error its engine logged (the root cause, not vLLM's wrapper).
 """
 
 from __future__ import annotations
@@ -64,14 +64,19 @@ def first_error(output: str) -> str:
     """The root cause in an engine's output: its first ``SomethingError: ...`` line.
 
     vLLM re-raises a worker's failure as "Engine core initialization failed. See
-    root cause above", so the first error printed is the one that says why.
+    root cause above" (or "EngineDeadError: ... See stack trace (above) for the root
+    cause"), so the first other error printed is the one that says why.
     """
-    # the engine's process prefixes its lines with "(EngineCore pid=N) "
-    pattern = re.compile(r"^\s*(?:\([^)]*\)\s*)?([\w.]+(?:Error|Exception): .+)$")
+    # vLLM's processes prefix their lines: "(Worker pid=N) ERROR 11-27 22:19:08 [file.py:9] "
+    pattern = re.compile(
+        r"^\s*(?:\([^)]*\)\s*)?(?:(?P<level>[A-Z]+) \S+ \S+ \[[^\]]*\]\s*)?"
+        r"(?P<error>[\w.]+(?:Error|Exception): .+)$"
+    )
     for line in output.splitlines():
         found = pattern.match(line)
-        if found and "See root cause above" not in line:
-            return found.group(1).strip()[:400]
+        if not found or found["level"] not in (None, "ERROR") or "root cause" in line:
+            continue  # a warning (the engine logs handled errors), or the wrapper
+        return found["error"].strip()[:400]
     return ""
 
 
@@ -108,7 +113,7 @@ def report(
     rows = []
     for fmt in FORMATS:
         if fmt in errors:
-            rows.append(f"| {LABELS[fmt]} | did not run: {errors[fmt]} | | | | |")
+            rows.append(f"| {LABELS[fmt]} | failed: {errors[fmt]} | | | | |")
             continue
         r = results[fmt]
         same = all(t == reference for t in r["tokens"])

@@ -18,9 +18,13 @@ def test_the_root_cause_is_the_first_error_not_the_engines_wrapper() -> None:
         "INFO starting\n"
         "(EngineCore pid=1) RuntimeError: Engine core initialization failed. "
         "See root cause above.\n"
+        "(MainProcess pid=1) WARNING 11-27 22:19:14 [base.py:380] ValueError: no tokenizer\n"
         "    raise AssertionError('x')\n"
-        "(EngineCore pid=1) AssertionError: Torch not compiled with CUDA enabled\n"
+        "(Worker pid=2) ERROR 11-27 22:19:08 [executor.py:953] AssertionError: Torch not "
+        "compiled with CUDA enabled\n"
         "RuntimeError: Engine core initialization failed. See root cause above.\n"
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+        "See stack trace (above) for the root cause.\n"
     )
     assert first_error(output) == "AssertionError: Torch not compiled with CUDA enabled"
     assert first_error("no error here\n") == ""
@@ -45,7 +49,7 @@ def test_every_format_gets_a_row_and_the_target_a_verdict() -> None:
     text = report(results, errors, argparse.Namespace(rounds=1), context)
     for fmt in FORMATS:
         assert f"`{fmt}`" in text
-    assert "did not run: AssertionError: cuda" in text
+    assert "failed: AssertionError: cuda" in text
     # mouthguard loads 1 GiB in 1 s cold, 0.5 s warm; the best peer in 2 s and 1 s
     assert "page cache cold (mouthguard 1.00, best peer `safetensors` 0.50) | met" in text
     assert "page cache warm (mouthguard 2.00, best peer `safetensors` 1.00) | met" in text
