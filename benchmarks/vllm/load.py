@@ -142,7 +142,8 @@ def report(
     lines = [
         "# vLLM: load formats",
         "",
-        f"Command: `python -m benchmarks.vllm.load {' '.join(sys.argv[1:])}`".rstrip() + "  ",
+        f"Command: `python -m benchmarks.vllm.load {' '.join(shown_args(sys.argv[1:]))}`".rstrip()
+        + "  ",
         f"{context['machine']}  ",
         f"vLLM environment: {context['versions']}  ",
         f"{context['load']} Whole run {context['seconds']:.0f} s.",
@@ -175,6 +176,23 @@ def report(
         "",
     ]
     return "\n".join(lines)
+
+
+#: Options whose values are this machine's paths: left out of the report's command.
+PATH_OPTIONS = ("--python", "--work", "--out")
+
+
+def shown_args(argv: list[str]) -> list[str]:
+    """``argv`` without the path-valued options (``--opt value`` or ``--opt=value``)."""
+    shown, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in PATH_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in PATH_OPTIONS)):
+            shown.append(arg)
+    return shown
 
 
 def versions(python: Path) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from benchmarks.vllm.load import FORMATS, first_error, report, summarise
+from benchmarks.vllm.load import FORMATS, first_error, report, shown_args, summarise
 
 
 def _run(start: float, load: float, tokens: list[int]) -> dict[str, Any]:
@@ -55,3 +55,8 @@ def test_every_format_gets_a_row_and_the_target_a_verdict() -> None:
     assert "page cache warm (mouthguard 2.00, best peer `safetensors` 1.00) | met" in text
     tensorizer_row = next(line for line in text.splitlines() if "`tensorizer`" in line)
     assert tensorizer_row.endswith("| NO |")  # other tokens than the default loader's
+
+
+def test_the_reported_command_names_no_local_path() -> None:
+    argv = ["--python", "/x/bin/python", "--rounds", "1", "--work=/tmp/w", "--out", "/r.md"]
+    assert shown_args(argv) == ["--rounds", "1"]
