@@ -7,8 +7,9 @@ Runs three engines one after another, each its own engine process, and writes
 1. with the connector on ``WORKDIR/kv``: prompts A and C (computed, saved), then the
    engine's prefix cache is reset and prompt B, which shares A's first 520 tokens,
    is generated (its 4 full shared blocks can come from mouthguard);
-2. a new engine with the connector on the same directory: prompt B again (a new
-   process: its store's RAM is empty, the blocks come from disk); then every data
+2. a new engine with the connector on the same directory, its options read from a
+   mouthguard.toml's ``[kvcache]`` (``disk_dir`` relative to the file): prompt B
+   again (a new process: its store's RAM is empty, the blocks come from disk); then every data
    file of the store is damaged on disk and prompt C is generated (C's blocks
    are only on disk: each load fails its checksum and is recomputed);
 3. an engine without the connector: A, B and C, the reference tokens.
@@ -33,21 +34,31 @@ PROMPTS = {
 MAX_TOKENS = 12
 
 
-def engine(model: Path, kv_dir: Path | None) -> Any:
+STORE = {"disk_bytes": 64 << 20, "memory_bytes": 32 << 20}
+
+
+def engine(model: Path, kv_dir: Path | None, config_file: Path | None = None) -> Any:
+    """An engine with the connector on ``kv_dir`` (None: without it).
+
+    With ``config_file`` the options come from that mouthguard.toml's ``[kvcache]``
+    (its ``disk_dir`` relative to the file) instead of the extra config.
+    """
     from vllm.config import KVTransferConfig  # noqa: PLC0415
 
     transfer = None
     if kv_dir is not None:
+        extra: dict[str, Any] = {"disk_dir": str(kv_dir), **STORE}
+        if config_file is not None:
+            lines = [f'disk_dir = "{kv_dir.relative_to(config_file.parent)}"']
+            lines += [f"{key} = {value}" for key, value in STORE.items()]
+            config_file.write_text("[kvcache]\n" + "\n".join(lines) + "\n")
+            extra = {"config": str(config_file)}
         transfer = KVTransferConfig(
             kv_connector="MouthguardConnector",
             kv_connector_module_path="mouthguard.integrations.vllm",
             kv_role="kv_both",
             kv_load_failure_policy="recompute",
-            kv_connector_extra_config={
-                "disk_dir": str(kv_dir),
-                "disk_bytes": 64 << 20,
-                "memory_bytes": 32 << 20,
-            },
+            kv_connector_extra_config=extra,
         )
     return start_engine(model, kv_transfer_config=transfer)
 
@@ -89,7 +100,7 @@ def main() -> None:
     result["first"] = first
     result["files_after_first"] = sorted(p.name for p in kv_dir.iterdir())
 
-    llm = engine(model, kv_dir)
+    llm = engine(model, kv_dir, config_file=work / "mouthguard.toml")
     second = {"B": generate(llm, "B")}
     result["damaged_files"] = damage(kv_dir)
     second["C"] = generate(llm, "C")
