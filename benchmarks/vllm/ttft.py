@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script: the engine scripts' helpers
+    sys.path.insert(0, str(Path(__file__).parents[2] / "tests/integrations/vllm_scripts"))
+from common import make_model, start_engine
 
-def make_model(directory: Path, hidden: int, layers: int) -> Path:
-    if (directory / "config.json").exists():
-        return directory
-    import torch  # noqa: PLC0415 - the vLLM environment, in the engine script only
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
+def bench_model(directory: Path, hidden: int, layers: int) -> Path:
+    """The benchmark's random Llama: heads of 64, a 32000-token vocabulary."""
+    return make_model(
+        directory,
         hidden_size=hidden,
         intermediate_size=hidden * 3,
         num_hidden_layers=layers,
@@ -42,8 +42,6 @@ def make_model(directory: Path, hidden: int, layers: int) -> Path:
         vocab_size=32000,
         max_position_embeddings=8192,
     )
-    LlamaForCausalLM(config).save_pretrained(directory)
-    return directory
 
 
 def transfer_config(name: str, work: Path) -> Any:
@@ -87,19 +85,12 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from vllm import LLM, SamplingParams  # noqa: PLC0415 - after the environment is set
+    from vllm import SamplingParams  # noqa: PLC0415 - after the environment is set
 
-    model = make_model(args.work / f"model-{args.hidden}-{args.layers}", args.hidden, args.layers)
+    model = bench_model(args.work / f"model-{args.hidden}-{args.layers}", args.hidden, args.layers)
     rng = random.Random(0)
     prompt = {"prompt_token_ids": [rng.randrange(1, 32000) for _ in range(args.prompt_tokens)]}
-    llm = LLM(
-        model=str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
-        seed=0,
-        kv_transfer_config=transfer_config(args.config, args.work),
-    )
+    llm = start_engine(model, kv_transfer_config=transfer_config(args.config, args.work))
     first = SamplingParams(max_tokens=1, temperature=0.0)
     tokens = SamplingParams(max_tokens=8, temperature=0.0)
     started = time.perf_counter()

@@ -27,7 +27,13 @@ Configuration form::
     [policy.routine]
     keep_last = 5
 
-The first tier listed is the fast tier: saves land there first.
+    [kvcache]                # optional: the vLLM KV connector's options
+    disk_dir = "kv"          # KVStore's own names; relative paths as for tiers
+    disk_bytes = 107374182400
+    remote = "s3://bucket/kv"
+
+The first tier listed is the fast tier: saves land there first. A file read only
+for its ``[kvcache]`` table (:func:`load_kvcache_table`) needs no ``[[tiers]]``.
 
 ``encryption_key_env`` names an environment variable holding the tier's
 encryption keys (``[ID=]KEY[,...]``, 32-byte keys in hex or base64, the first one
@@ -55,6 +61,10 @@ _TIER_KEYS = {
     "s3": _COMMON_KEYS | {"url", "endpoint", "region"},
 }
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The KV connector's table, and its keys that name a directory (a relative one is
+#: relative to the file; ``remote`` may also be an ``s3://`` URL, kept as written).
+KVCACHE_TABLE = "kvcache"
+_KVCACHE_PATHS = ("disk_dir", "remote")
 
 
 @dataclass(frozen=True)
@@ -101,18 +111,44 @@ def default_config(directory: Path) -> StoreConfig:
     )
 
 
+def _read_toml(path: Path) -> dict[str, object]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"store configuration {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read store configuration {path}: {exc}") from None
+
+
+def load_kvcache_table(path: Path) -> dict[str, object]:
+    """The ``[kvcache]`` table of a ``mouthguard.toml`` (empty when the file has none).
+
+    Its keys are not checked here (the connector that reads them knows its own
+    options); ``disk_dir`` and a ``remote`` that is not an ``s3://`` URL, when
+    relative, become absolute against the file's directory, as tier paths do.
+
+    Raises:
+        ConfigError: the file is missing or not TOML, or ``kvcache`` is not a table.
+    """
+    table = _read_toml(path).get(KVCACHE_TABLE, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [{KVCACHE_TABLE}] must be a table")
+    out = dict(table)
+    for key in _KVCACHE_PATHS:
+        value = out.get(key)
+        if isinstance(value, str) and value and not value.startswith("s3://"):
+            directory = Path(value).expanduser()
+            out[key] = str(directory if directory.is_absolute() else path.parent / directory)
+    return out
+
+
 def load_config(path: Path) -> StoreConfig:
     """Parse a ``mouthguard.toml`` file.
 
     Raises:
         ConfigError: the file is missing, not TOML, or describes an invalid store.
     """
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"store configuration {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read store configuration {path}: {exc}") from None
+    data = _read_toml(path)
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, list) or not raw_tiers:
         raise ConfigError(f"{path}: at least one [[tiers]] entry is required")
@@ -122,7 +158,7 @@ def load_config(path: Path) -> StoreConfig:
     names = [t.name for t in tiers]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: tier names must be unique, got {names}")
-    unknown = set(data) - {"tiers", "policy"}
+    unknown = set(data) - {"tiers", "policy", KVCACHE_TABLE}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level keys {sorted(unknown)}")
     raw_policy = data.get("policy", {})

@@ -50,6 +50,7 @@ def test_a_shared_prefix_loads_from_mouthguard_after_the_engine_cache_is_reset(
 
 
 def test_a_new_engine_process_reuses_the_blocks_on_disk(run: dict[str, Any]) -> None:
+    # that engine read its options (the same disk_dir, relative) from a mouthguard.toml
     assert any(name.endswith(".kvd") for name in run["files_after_first"])
     second = run["second"]["B"]
     # B's full blocks: 610 tokens, the last one computed by the engine -> 4 blocks

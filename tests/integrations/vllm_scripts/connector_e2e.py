@@ -7,8 +7,9 @@ Runs three engines one after another, each its own engine process, and writes
 1. with the connector on ``WORKDIR/kv``: prompts A and C (computed, saved), then the
    engine's prefix cache is reset and prompt B, which shares A's first 520 tokens,
    is generated (its 4 full shared blocks can come from mouthguard);
-2. a new engine with the connector on the same directory: prompt B again (a new
-   process: its store's RAM is empty, the blocks come from disk); then every data
+2. a new engine with the connector on the same directory, its options read from a
+   mouthguard.toml's ``[kvcache]`` (``disk_dir`` relative to the file): prompt B
+   again (a new process: its store's RAM is empty, the blocks come from disk); then every data
    file of the store is damaged on disk and prompt C is generated (C's blocks
    are only on disk: each load fails its checksum and is recomputed);
 3. an engine without the connector: A, B and C, the reference tokens.
@@ -16,14 +17,13 @@ Runs three engines one after another, each its own engine process, and writes
 
 from __future__ import annotations
 
-import gc
 import sys
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).parent))
-from common import make_model, prompt, quiet_engine, write_result
+from common import close_engine, make_model, prompt, quiet_engine, start_engine, write_result
 
 SHARED = prompt(1, 520)
 PROMPTS = {
@@ -34,31 +34,33 @@ PROMPTS = {
 MAX_TOKENS = 12
 
 
-def engine(model: Path, kv_dir: Path | None) -> Any:
-    from vllm import LLM  # noqa: PLC0415
+STORE = {"disk_bytes": 64 << 20, "memory_bytes": 32 << 20}
+
+
+def engine(model: Path, kv_dir: Path | None, config_file: Path | None = None) -> Any:
+    """An engine with the connector on ``kv_dir`` (None: without it).
+
+    With ``config_file`` the options come from that mouthguard.toml's ``[kvcache]``
+    (its ``disk_dir`` relative to the file) instead of the extra config.
+    """
     from vllm.config import KVTransferConfig  # noqa: PLC0415
 
     transfer = None
     if kv_dir is not None:
+        extra: dict[str, Any] = {"disk_dir": str(kv_dir), **STORE}
+        if config_file is not None:
+            lines = [f'disk_dir = "{kv_dir.relative_to(config_file.parent)}"']
+            lines += [f"{key} = {value}" for key, value in STORE.items()]
+            config_file.write_text("[kvcache]\n" + "\n".join(lines) + "\n")
+            extra = {"config": str(config_file)}
         transfer = KVTransferConfig(
             kv_connector="MouthguardConnector",
             kv_connector_module_path="mouthguard.integrations.vllm",
             kv_role="kv_both",
             kv_load_failure_policy="recompute",
-            kv_connector_extra_config={
-                "disk_dir": str(kv_dir),
-                "disk_bytes": 64 << 20,
-                "memory_bytes": 32 << 20,
-            },
+            kv_connector_extra_config=extra,
         )
-    return LLM(
-        model=str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
-        seed=0,
-        kv_transfer_config=transfer,
-    )
+    return start_engine(model, kv_transfer_config=transfer)
 
 
 def generate(llm: Any, name: str) -> dict[str, Any]:
@@ -68,12 +70,6 @@ def generate(llm: Any, name: str) -> dict[str, Any]:
     output = llm.generate([{"prompt_token_ids": PROMPTS[name]}], params, use_tqdm=False)[0]
     counts = (output.kv_transfer_params or {}).get("mouthguard", {})
     return {"tokens": list(output.outputs[0].token_ids), **counts}
-
-
-def close(llm: Any) -> None:
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
 
 
 def damage(kv_dir: Path) -> int:
@@ -100,20 +96,20 @@ def main() -> None:
     first = {"A": generate(llm, "A"), "C": generate(llm, "C")}
     llm.reset_prefix_cache()
     first["B"] = generate(llm, "B")
-    close(llm)
+    close_engine(llm)
     result["first"] = first
     result["files_after_first"] = sorted(p.name for p in kv_dir.iterdir())
 
-    llm = engine(model, kv_dir)
+    llm = engine(model, kv_dir, config_file=work / "mouthguard.toml")
     second = {"B": generate(llm, "B")}
     result["damaged_files"] = damage(kv_dir)
     second["C"] = generate(llm, "C")
-    close(llm)
+    close_engine(llm)
     result["second"] = second
 
     llm = engine(model, None)
     result["reference"] = {name: generate(llm, name) for name in PROMPTS}
-    close(llm)
+    close_engine(llm)
     write_result(work / "result.json", result)
 
 

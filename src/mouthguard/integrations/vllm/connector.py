@@ -302,7 +302,13 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         remote = open_remote(self._options.remote) if self._options.remote else None
         self._store = KVStore(namespace=namespace, remote=remote, **options)
         self._server = LookupServer(self._store, socket_path(self._engine_id, rank))
-        log.info("mouthguard: KV store for %s, rank %d of %d", self._model_id, rank, self._tp_size)
+        log.info(
+            "mouthguard: KV store for %s, rank %d of %d (options from %s)",
+            self._model_id,
+            rank,
+            self._tp_size,
+            self._options.config_file or "kv_connector_extra_config only",
+        )
 
     def _block_shape(self) -> tuple[int, ...]:
         first = next(iter(self._layers.values()))
