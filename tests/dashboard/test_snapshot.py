@@ -150,3 +150,20 @@ def test_rows_carry_their_latest_acts(tmp_path: Path) -> None:
         ("hold", "alice@lab", "done"),
         ("commit", "alice@lab", "done"),
     ]
+
+
+def test_a_refresh_reads_only_the_newest_records_of_the_trail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = mouthguard.open_store(tmp_path / "store")
+    ckpt = mouthguard.Checkpointer(store, "r", background=False, actor="alice@lab")
+    ckpt.save(1, {"w": torch.ones(2)})
+    ckpt.save(2, {"w": torch.ones(2)})
+    ckpt.hold(2, "legal", reason="case 42")  # the last act: its intent and outcome
+    # Only those two records are read; step 1's acts lie past the bound.
+    monkeypatch.setattr("mouthguard.dashboard.snapshot.TRAIL_RECORDS_READ", 2)
+    snap = take_snapshot(store, now=_now, monotonic=time.monotonic)
+    one, two = snap.row("r", 1), snap.row("r", 2)
+    assert one is not None and two is not None
+    assert one["acts"] == []
+    assert [a["act"] for a in two["acts"]] == ["hold"]

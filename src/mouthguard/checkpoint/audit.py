@@ -284,13 +284,18 @@ class Entry:
     error: str = ""
 
 
-def read_trail(tier: Tier) -> list[Entry]:
-    """Every record of ``tier``'s trail in number order; unreadable ones with the reason.
+def read_trail(tier: Tier, newest: int | None = None) -> list[Entry]:
+    """The records of ``tier``'s trail in number order; unreadable ones with the reason.
 
-    Holds the whole trail in memory (records are at most 16 KiB, typically ~500 B).
+    Every record, or with ``newest`` only the last ``newest`` of them (one listing, then
+    one read each). Holds what it read in memory: records are at most 16 KiB, typically
+    ~500 B, so a view that refreshes (the page) passes ``newest`` to stay bounded.
     """
+    seqs = _seqs(tier)
+    if newest is not None:
+        seqs = seqs[-newest:] if newest > 0 else []
     entries = []
-    for seq in _seqs(tier):
+    for seq in seqs:
         try:
             entries.append(Entry(tier.name, seq, decode(tier.get(record_key(seq)))))
         except AuditRecordError as exc:

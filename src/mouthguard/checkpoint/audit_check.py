@@ -68,12 +68,16 @@ class Trails:
     unreadable: dict[str, str]
 
 
-def read_trails(tiers: Iterable[Tier]) -> Trails:
-    """Read the trail of every tier; a tier that fails is listed with its error."""
+def read_trails(tiers: Iterable[Tier], newest: int | None = None) -> Trails:
+    """Read the trail of every tier; a tier that fails is listed with its error.
+
+    With ``newest``, only each tier's last ``newest`` records (see
+    :func:`~mouthguard.checkpoint.audit.read_trail`).
+    """
     trails = Trails({}, {})
     for tier in tiers:
         try:
-            trails.entries[tier.name] = read_trail(tier)
+            trails.entries[tier.name] = read_trail(tier, newest)
         except MouthguardError as exc:
             trails.unreadable[tier.name] = str(exc)
     return trails

@@ -164,11 +164,15 @@ def take_snapshot(
 
 #: Acts per checkpoint the page shows (the newest first).
 ACTS_SHOWN = 3
+#: Records of each tier's trail the page reads on a refresh: its bound on the trail's
+#: reads and memory. A checkpoint whose latest act is older than these shows none
+#: (``mouthguard audit`` and ``doctor`` read the whole trail).
+TRAIL_RECORDS_READ = 2000
 
 
 def _add_acts(store: Store, rows: list[Row], errors: list[str]) -> None:
     """Give every row ``acts``: its latest acts in the audit trail, newest first."""
-    trails = read_trails(store.tiers)
+    trails = read_trails(store.tiers, TRAIL_RECORDS_READ)
     errors.extend(f"audit trail on {t}: {why}" for t, why in trails.unreadable.items())
     latest = latest_acts(merged(trails), ACTS_SHOWN)
     for row in rows:
