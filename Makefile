@@ -73,15 +73,18 @@ bench-vllm-load: $(STAMP) $(VLLM_PEERS)
 pytest-main: $(STAMP) system-deps
 	$(PYTEST) -n auto -m "not engine"
 
+# Its output is held back until it ends, so that it does not break into the lines of
+# the rest of the suite, which show their progress as they go.
 pytest-engine: $(STAMP) $(VLLM_STAMP)
-	$(PYTEST) -n 0 -m engine
+	@echo "== the engine tests (vLLM) run beside the rest of the suite; their output follows when they end"
+	@log=$$(mktemp); $(PYTEST) -n 0 -m engine > $$log 2>&1; status=$$?; \
+	  echo "== the engine tests:"; cat $$log; rm -f $$log; exit $$status
 
 pytest: pytest-main pytest-engine
 
-# Lint, type checks, the suite and the vLLM environment's build run side by side;
-# -Oline keeps each output line whole.
+# Lint, type checks, the suite and the vLLM environment's build run side by side.
 test:
-	@$(MAKE) --no-print-directory -j4 -Oline lint typecheck pytest
+	@$(MAKE) --no-print-directory -j4 lint typecheck pytest
 
 # The peers (webdataset, mosaicml-streaming, litdata) are an optional extra: the
 # suite never needs them. Ceph (system-deps) serves the S3 rows.
