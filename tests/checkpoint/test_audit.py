@@ -368,3 +368,18 @@ def test_the_trail_can_be_switched_off_for_measurement(
     _save(mouthguard.Checkpointer(store, "r", background=False), range(1, 2))
     assert not _trail_dir(store, "fast").exists()
     shutil.rmtree(Path(store.fast.location("r/")))
+
+
+def test_garbage_collection_sweeps_a_killed_appender_s_temporary_file(tmp_path: Path) -> None:
+    store = mouthguard.open_store(tmp_path / "store")
+    ckpt = mouthguard.Checkpointer(store, "r", background=False)
+    _save(ckpt, range(1, 2))
+    trail = _trail_dir(store, "fast")
+    old, young = trail / ".tmp-0123456789abcdef", trail / ".tmp-fedcba9876543210"
+    old.write_bytes(b"{half a record")  # what a writer killed inside its put leaves
+    young.write_bytes(b"{in flight")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    reports = ckpt.collect_garbage(grace_seconds=60)
+    assert not old.exists() and young.exists()  # a writer still in flight keeps its file
+    assert sum(r.incomplete_objects for r in reports) == 1
+    assert check_store(store.tiers, None)[0] == []  # the records themselves untouched

@@ -204,9 +204,12 @@ def collect_partial_saves(
     killed between files), and the tier's own incomplete objects (a save killed
     inside a ``put``: temp files, abandoned uploads), which ``list`` never shows.
     The grace period protects saves still in flight in another process: only
-    debris whose newest object is older than the grace is removed.
+    debris whose newest object is older than the grace is removed. The audit
+    trail's folder, which every run writes, is swept too: a process killed while
+    appending a record leaves the same kind of debris there.
     """
     incomplete = tier.collect_incomplete(f"{validate_run(run)}/", grace_seconds)
+    incomplete += tier.collect_incomplete(f"{TRAIL_DIR}/", grace_seconds)
     removed = []
     for partial in [*partial_saves(tier, run, now=now), *uncommitted_steps(tier, run, now=now)]:
         if partial.age_seconds >= grace_seconds:

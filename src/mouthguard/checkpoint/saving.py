@@ -125,7 +125,7 @@ class SavePipeline:
                 with_sha256=self.with_sha256,
             )
 
-        manifest = self._commit(request, write_rank, to_store=to_store)
+        manifest = self._commit(request, write_rank, to_store=to_store, bracket=True)
         elapsed = time.perf_counter() - started
         return self._after_commit(
             manifest, level, save_seconds=elapsed, stall_seconds=elapsed, to_store=to_store
@@ -137,16 +137,18 @@ class SavePipeline:
         write_rank: Callable[[Tier, str], tuple[FileRecord, list[TensorRecord]]],
         *,
         to_store: bool,
+        bracket: bool,
     ) -> Manifest:
         """Commit on the fast tier (``to_store``), then in peer memory (when configured).
 
         The store first: a save that must be durable fails before peer memory
-        holds a step the store lacks.
+        holds a step the store lacks. ``bracket``: the store's write is its own burst
+        (a sync save; an async save's burst is already open, from its snapshot on).
         """
         manifest = None
         if to_store:
             tier = self.store.fast
-            burst = _Burst(self.listener())
+            burst = _Burst(self.listener() if bracket else None)
             burst.begin()  # background copies yield the disk to this burst
             try:
                 manifest = commit_save(
@@ -225,7 +227,7 @@ class SavePipeline:
 
         def job() -> CheckpointInfo:
             try:
-                manifest = self._commit(request, write_rank, to_store=to_store)
+                manifest = self._commit(request, write_rank, to_store=to_store, bracket=False)
             finally:
                 burst.end()
             elapsed = time.perf_counter() - entered
@@ -271,7 +273,8 @@ class SavePipeline:
             def fail(_tier: Tier, _staging: str) -> tuple[FileRecord, list[TensorRecord]]:
                 raise exc
 
-            self._commit(SaveRequest(self.run, step, level, None), fail, to_store=to_store)
+            request = SaveRequest(self.run, step, level, None)
+            self._commit(request, fail, to_store=to_store, bracket=False)
         raise exc
 
     def _file_metadata(self, step: int) -> dict[str, str]:
