@@ -71,7 +71,7 @@ bench-vllm-load: $(STAMP) $(VLLM_PEERS)
 	$(BIN)/python -m benchmarks.vllm.load --python $(VLLM_VENV)/bin/python
 
 pytest-main: $(STAMP) system-deps
-	$(PYTEST) -n auto -m "not engine"
+	$(PYTEST) -n auto -m "not engine" --durations=25
 
 # Its output is held back until it ends, so that it does not break into the lines of
 # the rest of the suite, which show their progress as they go.
