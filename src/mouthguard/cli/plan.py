@@ -30,6 +30,7 @@ from mouthguard.cli.common import (
     UsageError,
     print_error,
 )
+from mouthguard.cli.from_store import add_options, measured_run
 from mouthguard.plan import sizing as sz
 from mouthguard.plan.deployment import (
     DEFAULT_DWPD,
@@ -41,6 +42,7 @@ from mouthguard.plan.deployment import (
     resolve_deployment,
 )
 from mouthguard.plan.economics import PlanQuestion, checkpoint_economics
+from mouthguard.plan.measured import MeasuredRun
 from mouthguard.plan.presets import preset_names
 
 _DTYPES = list(sz.DTYPE_BYTES)
@@ -69,6 +71,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=POSITIVE,
         help=f"mean hours between failures of one GPU (default {DEFAULT_GPU_MTBF_HOURS:,.0f})",
     )
+    add_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (keys carry units)")
 
 
@@ -111,8 +114,12 @@ _OPTIONS = [
 ]
 
 
-def question(args: argparse.Namespace) -> PlanQuestion:
-    """The plan's inputs from the parsed options. Raises ValueError on bad input."""
+def question(args: argparse.Namespace, measured: MeasuredRun | None = None) -> PlanQuestion:
+    """The plan's inputs from the parsed options. Raises ValueError on bad input.
+
+    ``measured`` (``--from-store``) gives the sync save's seconds and, when the
+    run made async saves, their stall.
+    """
     if args.model is None:
         raise UsageError("give a model: a preset name or a parameter count (MODEL or --preset)")
     layout = sz.StateLayout(
@@ -127,8 +134,8 @@ def question(args: argparse.Namespace) -> PlanQuestion:
         layout=layout,
         copies=args.copies,
         write_bandwidth=args.write_bandwidth,
-        checkpoint_seconds=args.checkpoint_seconds,
-        stall_seconds=args.stall_seconds,
+        checkpoint_seconds=measured.write_seconds if measured else args.checkpoint_seconds,
+        stall_seconds=measured.stall_seconds if measured else args.stall_seconds,
         snapshot_bandwidth=args.snapshot_bandwidth,
         restart_seconds=args.restart_seconds,
         gpu_hour_usd=args.gpu_hour_usd,
@@ -157,15 +164,22 @@ def deployment(
 def run(args: argparse.Namespace, console: Console) -> int:
     """Print the plan (table, or one JSON object with ``--json``); 2 on bad input."""
     try:
-        figures = checkpoint_economics(question(args))
+        measured = measured_run(args)
+        figures = checkpoint_economics(question(args, measured))
     except ValueError as exc:
         print_error(str(exc))
         return EXIT_USAGE
+    figures["from_store"] = None
+    if measured is not None:
+        figures["checkpoint_seconds_source"] = "store"
+        figures["from_store"] = measured.as_json()
     if args.json:
         console.file.write(json.dumps(figures) + "\n")
         return EXIT_OK
     for table in _tables(figures):
         console.print(table)
+    if measured is not None:
+        console.print(measured.describe(), highlight=False, soft_wrap=True)
     if figures["async_interval_queues"]:
         console.print("note: async writes take longer than the interval; saves would queue")
     return EXIT_OK

@@ -48,6 +48,7 @@ from mouthguard.cli.common import (
     integer,
     print_error,
 )
+from mouthguard.cli.from_store import add_options, measured_run
 from mouthguard.cli.plan import deployment
 from mouthguard.plan.comparison import (
     analytic_figures,
@@ -115,18 +116,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="FILE",
         help="also sweep the interval; draw cost vs it (FILE.png, .svg or .pdf)",
     )
+    add_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def build(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
     """The scenario and a description of it (JSON-ready). Raises ValueError on bad input."""
+    measured = measured_run(args)
     d = deployment(args.preset, args.gpus, args.interval_seconds)
     sc = scenario_for(
         d,
         mode=args.mode,
-        checkpoint_seconds=args.checkpoint_seconds,
+        checkpoint_seconds=measured.write_seconds if measured else args.checkpoint_seconds,
         write_bandwidth=args.write_bandwidth,
-        stall_seconds=args.stall_seconds,
+        stall_seconds=measured.stall_seconds if measured else args.stall_seconds,
         restart_seconds=args.restart_seconds,
         gpu_hour_usd=args.gpu_hour_usd,
         corruption_probability=args.corruption_probability,
@@ -136,6 +139,7 @@ def build(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
         failure_times=args.failure_times_hours,
     )
     about = {"model": d.label, **dataclasses.asdict(sc), "stall_seconds": sc.stall_seconds}
+    about["from_store"] = measured.as_json() if measured else None
     return sc, about
 
 
@@ -164,6 +168,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.file.write(json.dumps(out) + "\n")
         return EXIT_OK
     console.print(_table(about, results, sc))
+    if about["from_store"] is not None:
+        console.print(about["from_store"]["summary"], highlight=False, soft_wrap=True)
     lost = analytic_lost_seconds(sc) / 60
     console.print(f"analytic (flat, uncorrupted): {lost:.1f} min lost per failure", highlight=False)
     if plot is not None:
