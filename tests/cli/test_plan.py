@@ -194,6 +194,7 @@ def test_the_mouthguard_command_runs_plan_and_simulate_without_a_store(
         "importance",
         "temperature",
         "flat",
+        "peers",
     }
     assert not (tmp_path / "mouthguard-store").exists()
 
