@@ -49,6 +49,7 @@ from mouthguard.cli.common import (
     print_error,
 )
 from mouthguard.cli.from_store import add_options, measured_run
+from mouthguard.cli.peer_options import add_peer_options, peer_changes
 from mouthguard.cli.plan import deployment
 from mouthguard.plan.comparison import (
     analytic_figures,
@@ -91,20 +92,7 @@ _OPTIONS: list[tuple[str, Any, Any, str]] = [
     ("--rebuild-probability", PROBABILITY, None, "temperature: chance a recovery waits on EC"),
     ("--rebuild-mean-seconds", NON_NEGATIVE, None, "temperature: mean EC rebuild wait"),
     ("--run-days", POSITIVE, DEFAULT_RUN_DAYS, "days of useful compute (default 14)"),
-    ("--peer-replication", COUNT, None, "peers: copies of each rank's file (default 2)"),
-    ("--peer-gpus-per-domain", COUNT, None, "peers: GPUs per failure domain (default 8)"),
-    ("--peer-failed-domains", COUNT, None, "peers: domains one failure takes (default 1)"),
-    ("--peer-durable-every", integer(0), None, "peers: every Nth save also durable (default 10)"),
-    ("--peer-link-bandwidth", BYTES, None, "peers: a domain's link, bytes/s (default 25G)"),
 ]
-#: The --peer-* options' dest -> the PeerModel field they set.
-_PEER_OPTIONS = {
-    "peer_replication": "replication",
-    "peer_gpus_per_domain": "gpus_per_domain",
-    "peer_failed_domains": "failed_domains",
-    "peer_durable_every": "durable_every",
-    "peer_link_bandwidth": "link_bytes_per_s",
-}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -135,6 +123,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="FILE",
         help="also sweep the interval; draw cost vs it (FILE.png, .svg or .pdf)",
     )
+    add_peer_options(p)
     add_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -172,9 +161,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             probability=args.rebuild_probability,
             mean_seconds=args.rebuild_mean_seconds,
         )
-        changes = {
-            f: getattr(args, k) for k, f in _PEER_OPTIONS.items() if getattr(args, k) is not None
-        }
+        changes = peer_changes(args)
         strategies, peers = _peer_strategy(sc, with_peers(strategies, **changes), changes)
         results = simulate(sc, strategies, seed=args.seed, runs=args.runs)
         plot = _plot(args, sc, about, strategies, console, peers) if args.plot else None
