@@ -9,8 +9,16 @@ the word strategy)::
 
     {"policies": {"importance": {"cost_usd": ..., "lost_gpu_hours": ...,
                                  "goodput": ..., ...}, "temperature": {...},
-                  "flat": {...}},
-     "scenario": {...}, "analytic": {...}, "plot": {...}}
+                  "flat": {...}, "peers": {...}},
+     "scenario": {..., "from_store": {...} or null}, "analytic": {...},
+     "peers": {...}, "plot": {...}}
+
+``peers`` says what the peer-memory strategy assumed (copies, domains, the
+chance a failure takes every copy of a rank, save and recovery times, its
+closed form); ``{"skipped": why}`` when the job has fewer failure domains than
+copies, and the strategy is then left out. ``--from-store STORE --run RUN``
+takes the save time and stall from the run's recorded saves
+(:mod:`~mouthguard.cli.from_store`).
 
 ``--plot FILE`` also sweeps the checkpoint interval and draws expected cost
 against it, in the format the file's suffix names (``.png``, ``.svg``, ``.pdf``;
