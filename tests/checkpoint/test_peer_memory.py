@@ -104,6 +104,7 @@ def test_importance_decides_what_also_goes_to_the_store(tmp_path: Path) -> None:
     infos.append(handle.result(timeout=60))
     # Milestone: the store too; routine/transient: memory only, but every 3rd also the store.
     assert ckpt.steps() == [1, 4]
+    assert ckpt.peer_steps() == [5, 6]  # the node keeps its two newest, whatever the store has
     assert [i.copies[0].tier for i in infos] == [
         "local",
         "peers",
@@ -114,6 +115,7 @@ def test_importance_decides_what_also_goes_to_the_store(tmp_path: Path) -> None:
     ]
     area = NodeArea(tmp_path / "shm", "solo")
     # Bounded: the two newest complete steps are kept in memory.
+    assert mouthguard.Checkpointer(store, run="r", background=False).peer_steps() == []
     held = area.held("r")
     assert [(h.step, h.ranks) for h in held] == [(5, (0,)), (6, (0,))]
     assert all(h.nbytes > 4000 for h in held)

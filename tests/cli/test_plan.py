@@ -194,6 +194,7 @@ def test_the_mouthguard_command_runs_plan_and_simulate_without_a_store(
         "importance",
         "temperature",
         "flat",
+        "peers",
     }
     assert not (tmp_path / "mouthguard-store").exists()
 
@@ -224,3 +225,14 @@ def test_bad_numbers_are_worded_for_people(
     with pytest.raises(SystemExit):
         parse(*argv)
     assert message in capsys.readouterr().err
+
+
+def test_the_peers_column_and_its_options() -> None:
+    code, text = run_text("70b", "--gpu-hour-usd", "30", "--peer-failed-domains", "2")
+    assert code == 0
+    flat = " ".join(text.split())
+    assert "peers" in flat and "a failure takes 2" in flat and "probability 0.000977" in flat
+    figures = run_json("70b", "--peer-replication", "3", "--peer-gpus-per-domain", "16")
+    assert (figures["peer_replication"], figures["peer_domains"]) == (3, 1024)
+    code, text = run_text("7b", "--gpus", "8")
+    assert code == 0 and "not possible, fewer domains than copies" in " ".join(text.split())

@@ -34,7 +34,7 @@ def test_serves_until_stopped_by_a_signal(store_path: Path, stop: int, status: i
     """Shut down gracefully, then end as the signal asks (uvicorn raises it again)."""
     command = [sys.executable, "-m", "mouthguard.cli.main", "--store", str(store_path)]
     process = subprocess.Popen(
-        [*command, "serve", "--port", "0"],
+        [*command, "serve", "--port", "0", "--peers", str(store_path.parent / "shm")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -47,7 +47,9 @@ def test_serves_until_stopped_by_a_signal(store_path: Path, stop: int, status: i
         url = line.split(" on ")[1].split(" ")[0]
         assert url.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(url + "/api/summary", timeout=60) as response:
-            assert json.loads(response.read())["checkpoints"] == 1
+            summary = json.loads(response.read())
+        assert summary["checkpoints"] == 1
+        assert summary["peers"] == str(store_path.parent / "shm")  # the page's peer memory
     finally:
         process.send_signal(stop)
         _, err = process.communicate(timeout=60)

@@ -34,7 +34,7 @@ def test_json_has_the_promised_shape() -> None:
     code, out = _run("--runs", "20", "--json")
     assert code == 0
     data = json.loads(out)
-    assert list(data["policies"]) == ["importance", "temperature", "flat"]
+    assert list(data["policies"]) == ["importance", "temperature", "flat", "peers"]
     for figures in data["policies"].values():
         for key in ("cost_usd", "lost_gpu_hours", "goodput"):
             assert isinstance(figures[key], float)
@@ -67,8 +67,11 @@ def test_plot_is_written_and_reported(tmp_path: Path) -> None:
     assert code == 0 and png.stat().st_size > 20_000
     plot = json.loads(out)["plot"]
     assert plot["path"] == str(png)
-    assert set(plot["optimal_interval_seconds"]) == {"importance", "temperature", "flat"}
-    assert len(plot["intervals_seconds"]) == SWEEP_POINTS
+    assert set(plot["optimal_interval_seconds"]) == {"importance", "temperature", "flat", "peers"}
+    # The storage strategies' SWEEP_POINTS, extended down to peer memory's optimum.
+    grid = plot["intervals_seconds"]
+    assert len(grid) > SWEEP_POINTS and grid == sorted(grid)
+    assert grid[0] <= plot["optimal_interval_seconds"]["peers"] < grid[-1]
 
 
 @pytest.mark.parametrize(
@@ -153,3 +156,30 @@ def test_plot_without_matplotlib_names_the_extra(
     assert err == (
         "error: --plot needs matplotlib, an optional extra: pip install 'mouthguard[plot]'\n"
     )
+
+
+def test_peer_options_change_the_peers_strategy() -> None:
+    code, out = _run("--runs", "5", "--json", "--peer-failed-domains", "2")
+    assert code == 0
+    peers = json.loads(out)["peers"]
+    assert (peers["domains"], peers["replication"], peers["failed_domains"]) == (2048, 2, 2)
+    assert peers["loss_probability"] == pytest.approx(2 / 2047)
+    code, out = _run("--runs", "5", "--json", "--peer-failed-domains", "2048")
+    whole_job = json.loads(out)
+    assert whole_job["peers"]["loss_probability"] == 1.0  # every failure goes back to disk
+    assert whole_job["policies"]["peers"]["lost_gpu_hours"] > 0
+    code, out = _run("--runs", "5", "--peer-durable-every", "5", "--peer-link-bandwidth", "50G")
+    assert code == 0
+    text = " ".join(out.split())
+    assert "peers: 2 copies over 2,048 domains" in text and "(every 5 saves)" in text
+
+
+def test_too_few_domains_for_the_copies() -> None:
+    # 8 GPUs are one node: the default peers strategy is left out, saying why ...
+    code, out = _run("--runs", "5", "--preset", "7b", "--gpus", "8", "--json")
+    data = json.loads(out)
+    assert code == 0 and list(data["policies"]) == ["importance", "temperature", "flat"]
+    assert "replication must be in 1..1" in data["peers"]["skipped"]
+    # ... and asked for explicitly, it is an error.
+    code, _ = _run("--runs", "5", "--gpus", "16", "--peer-replication", "3")
+    assert code == EXIT_USAGE

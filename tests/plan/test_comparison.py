@@ -14,6 +14,7 @@ from mouthguard.plan.strategies import (
     FAST_READ_BYTES_PER_S,
     FLAT,
     IMPORTANCE,
+    PEERS,
     TEMPERATURE,
     with_rebuild,
 )
@@ -84,8 +85,8 @@ def test_lost_usd_per_failure() -> None:
 def test_rebuild_figures_change_only_the_strategy_that_demotes() -> None:
     changed = with_rebuild(DEFAULT_STRATEGIES, probability=0.9, mean_seconds=60.0)
     assert [s.name for s in changed] == [s.name for s in DEFAULT_STRATEGIES]
-    importance, temperature, flat = changed
-    assert importance is IMPORTANCE and flat is FLAT
+    importance, temperature, flat, peers = changed
+    assert importance is IMPORTANCE and flat is FLAT and peers is PEERS
     assert (temperature.rebuild_probability, temperature.rebuild_mean_seconds) == (0.9, 60.0)
     only_mean = with_rebuild([TEMPERATURE], mean_seconds=5.0)[0]
     assert only_mean.rebuild_probability == TEMPERATURE.rebuild_probability

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -11,6 +12,7 @@ from mouthguard.plan import sizing as sz
 from mouthguard.plan.comparison import scenario_for
 from mouthguard.plan.deployment import resolve_deployment
 from mouthguard.plan.economics import PlanQuestion, checkpoint_economics
+from mouthguard.plan.peers import PeerModel
 
 GB, TB = 1e9, 1e12
 LLAMA = resolve_deployment("llama3-70b")
@@ -62,6 +64,20 @@ KEYS = [
             "checkpoint_cost_usd_per_run",
         )
     ],
+    "peer_replication",
+    "peer_domains",
+    "peer_failed_domains",
+    "peer_durable_every",
+    "peer_loss_probability",
+    "stall_seconds_peers",
+    "expected_lost_seconds_per_failure_peers",
+    "lost_gpu_hours_per_failure_peers",
+    "lost_cost_usd_per_failure_peers",
+    "lost_gpu_hours_per_run_peers",
+    "lost_cost_usd_per_run_peers",
+    "checkpoint_gpu_hours_per_run_peers",
+    "checkpoint_cost_usd_per_run_peers",
+    "optimal_interval_peers_s",
     "gpu_hour_usd",
     "drive_capacity_bytes",
     "drives",
@@ -153,3 +169,34 @@ def test_plan_and_simulate_agree_on_the_run() -> None:
         assert sc.mtbf_seconds == f["mtbf_seconds"]
         assert sc.work_seconds == f["run_seconds"]
         assert sc.checkpoint_bytes == f["checkpoint_bytes"]
+
+
+def test_the_peers_column_by_hand() -> None:
+    q = PlanQuestion(
+        LLAMA, checkpoint_seconds=120.0, restart_seconds=300.0, gpu_hour_usd=30.0, mtbf_hours=16.0
+    )
+    f = checkpoint_economics(q)
+    stall = 840 * GB / 2048 / 25e9  # one copy of a node's share over its 25 GB/s link
+    assert (f["peer_domains"], f["peer_loss_probability"]) == (2048, 0.0)
+    assert f["stall_seconds_peers"] == pytest.approx(stall)
+    assert f["expected_lost_seconds_per_failure_peers"] == pytest.approx((1800 + stall) / 2 + 300)
+    assert f["optimal_interval_peers_s"] == pytest.approx(math.sqrt(2 * stall * 16 * 3600))
+    # A failure taking two nodes loses a rank's both copies with probability 2/2047,
+    # and then goes back to the newest of every 10th save, landed 120 s after it.
+    two = checkpoint_economics(dataclasses.replace(q, peers=PeerModel(failed_domains=2)))
+    p, cycle = 2 / 2047, 1800 + stall
+    expected = (1 - p) * (cycle / 2 + 300) + p * (10 * cycle / 2 + 120 + 300)
+    assert two["expected_lost_seconds_per_failure_peers"] == pytest.approx(expected)
+    assert two["optimal_interval_peers_s"] == pytest.approx(
+        math.sqrt(2 * stall * 16 * 3600 / (1 - p + p * 10))
+    )
+
+
+def test_the_peers_column_is_empty_without_enough_domains() -> None:
+    one_node = resolve_deployment("7b", gpus=8)
+    f = checkpoint_economics(PlanQuestion(one_node))
+    assert f["peer_domains"] == 1 and f["peer_loss_probability"] is None
+    assert f["optimal_interval_peers_s"] is None
+    no_durable = PlanQuestion(LLAMA, peers=PeerModel(failed_domains=2, durable_every=0))
+    g = checkpoint_economics(no_durable)
+    assert g["peer_loss_probability"] > 0 and g["expected_lost_seconds_per_failure_peers"] is None

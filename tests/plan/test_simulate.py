@@ -175,7 +175,7 @@ def test_sweep_gives_one_result_per_interval() -> None:
         runs=3,
         on_point=lambda: calls.append(None),
     )
-    assert list(curves) == ["importance", "temperature", "flat"]
+    assert list(curves) == ["importance", "temperature", "flat", "peers"]
     assert all(len(results) == 3 for results in curves.values()) and len(calls) == 3
 
 

@@ -50,7 +50,10 @@ def test_the_grid_centre() -> None:
 def test_one_curve_per_strategy_at_every_interval() -> None:
     grid = [900.0, 1800.0, 3600.0]
     points: list[None] = []
-    curves = cost_curves(SC, DEFAULT_STRATEGIES, grid, runs=2, on_point=lambda: points.append(None))
+    two_nodes = dataclasses.replace(SC, gpus=16)  # peer memory needs a domain per copy
+    curves = cost_curves(
+        two_nodes, DEFAULT_STRATEGIES, grid, runs=2, on_point=lambda: points.append(None)
+    )
     assert [c.label for c in curves] == [s.name for s in DEFAULT_STRATEGIES]
     assert all(list(c.intervals_seconds) == grid and len(c.cost_usd) == 3 for c in curves)
     assert all(cost > 0 and math.isfinite(cost) for c in curves for cost in c.cost_usd)
@@ -67,3 +70,14 @@ def test_a_curve_needs_a_cost_per_interval() -> None:
         Curve("x", [1.0, 2.0], [1.0])
     with pytest.raises(ValueError):
         Curve("x", [], [])
+
+
+def test_a_much_shorter_optimum_extends_the_grid_downwards_at_the_same_spacing() -> None:
+    grid = sweep_grid(SC)
+    longer = sweep_grid(SC, low_optimum=40.0)
+    assert longer[-SWEEP_POINTS:] == pytest.approx(grid)
+    assert longer[0] <= 40.0 / SWEEP_SPAN < longer[1]
+    ratios = [b / a for a, b in itertools.pairwise(longer)]
+    assert ratios == pytest.approx([ratios[0]] * len(ratios))
+    assert sweep_grid(SC, low_optimum=1e9) == pytest.approx(grid)  # never shrinks it
+    assert sweep_grid(SC, low_optimum=0.001)[0] >= 1.0 / ratios[0]  # nor below a second

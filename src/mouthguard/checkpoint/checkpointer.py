@@ -370,6 +370,19 @@ class Checkpointer:
         """
         return catalog.committed_steps_on(self.store.tiers, self.run)
 
+    def peer_steps(self) -> list[int]:
+        """Steps complete in this node's peer memory, ascending; ``[]`` without ``peers=``.
+
+        :meth:`steps` lists the store only (retention, ``load(step=N)`` and
+        replication work from it); a transient or routine save that went to peer
+        memory only is listed here. This node's area alone, read locally (no
+        collective): whether every rank's file is held on some node is what
+        ``load()`` finds out, and ``mouthguard ls --peers`` shows across areas.
+        """
+        if self.peers is None:
+            return []
+        return self.peers.area.complete_steps(self.run)
+
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints with a readable manifest, ascending by step.
 

@@ -87,11 +87,16 @@ class PeerMemory:
 
 @dataclass(frozen=True)
 class HeldStep:
-    """One complete step in a node's area: the rank files there and their bytes."""
+    """One step in a node's area: the rank files there and their bytes.
+
+    ``complete`` is False for a step directory without a manifest: a save in
+    flight, or one interrupted (never loaded, deleted by the next prune).
+    """
 
     step: int
     ranks: tuple[int, ...]
     nbytes: int
+    complete: bool = True
 
 
 class NodeArea:
@@ -111,18 +116,33 @@ class NodeArea:
         """Steps whose manifest is here, ascending."""
         return catalog.committed_steps(self.tier, run)
 
-    def held(self, run: str) -> list[HeldStep]:
-        """The complete steps here, with which ranks' files and how many bytes."""
-        result = []
-        for step in self.complete_steps(run):
-            ranks, nbytes = [], 0
-            for entry in sorted(self.step_path(run, step).iterdir()):
+    def held(self, run: str, *, partial: bool = False) -> list[HeldStep]:
+        """The complete steps here, with which ranks' files and how many bytes.
+
+        With ``partial``, also the step directories without a manifest
+        (``complete=False``), in step order with the others.
+        """
+        complete = set(self.complete_steps(run))
+        steps = catalog.step_dirs(self.tier, run) if partial else sorted(complete)
+        return [self._held(run, step, step in complete) for step in steps]
+
+    def _held(self, run: str, step: int, complete: bool) -> HeldStep:
+        ranks, nbytes = [], 0
+        # A prune or a save may change the directory while it is listed: what is
+        # gone by the time it is looked at is simply not counted.
+        try:
+            entries = sorted(self.step_path(run, step).iterdir())
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            try:
                 nbytes += entry.stat().st_size
-                match = _RANK_FILE.fullmatch(entry.name)
-                if match:
-                    ranks.append(int(match.group(1)))
-            result.append(HeldStep(step, tuple(ranks), nbytes))
-        return result
+            except FileNotFoundError:
+                continue
+            match = _RANK_FILE.fullmatch(entry.name)
+            if match:
+                ranks.append(int(match.group(1)))
+        return HeldStep(step, tuple(ranks), nbytes, complete)
 
     def discard_file(self, run: str, step: int, name: str) -> None:
         """Remove one file of an uncommitted step (an earlier attempt's leftover)."""

@@ -30,6 +30,8 @@ from mouthguard.cli.common import (
     UsageError,
     print_error,
 )
+from mouthguard.cli.from_store import add_options, measured_run
+from mouthguard.cli.peer_options import add_peer_options, peer_changes
 from mouthguard.plan import sizing as sz
 from mouthguard.plan.deployment import (
     DEFAULT_DWPD,
@@ -41,6 +43,8 @@ from mouthguard.plan.deployment import (
     resolve_deployment,
 )
 from mouthguard.plan.economics import PlanQuestion, checkpoint_economics
+from mouthguard.plan.measured import MeasuredRun
+from mouthguard.plan.peers import PeerModel
 from mouthguard.plan.presets import preset_names
 
 _DTYPES = list(sz.DTYPE_BYTES)
@@ -69,6 +73,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=POSITIVE,
         help=f"mean hours between failures of one GPU (default {DEFAULT_GPU_MTBF_HOURS:,.0f})",
     )
+    add_peer_options(p)
+    add_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (keys carry units)")
 
 
@@ -111,8 +117,12 @@ _OPTIONS = [
 ]
 
 
-def question(args: argparse.Namespace) -> PlanQuestion:
-    """The plan's inputs from the parsed options. Raises ValueError on bad input."""
+def question(args: argparse.Namespace, measured: MeasuredRun | None = None) -> PlanQuestion:
+    """The plan's inputs from the parsed options. Raises ValueError on bad input.
+
+    ``measured`` (``--from-store``) gives the sync save's seconds and, when the
+    run made async saves, their stall.
+    """
     if args.model is None:
         raise UsageError("give a model: a preset name or a parameter count (MODEL or --preset)")
     layout = sz.StateLayout(
@@ -127,8 +137,8 @@ def question(args: argparse.Namespace) -> PlanQuestion:
         layout=layout,
         copies=args.copies,
         write_bandwidth=args.write_bandwidth,
-        checkpoint_seconds=args.checkpoint_seconds,
-        stall_seconds=args.stall_seconds,
+        checkpoint_seconds=measured.write_seconds if measured else args.checkpoint_seconds,
+        stall_seconds=measured.stall_seconds if measured else args.stall_seconds,
         snapshot_bandwidth=args.snapshot_bandwidth,
         restart_seconds=args.restart_seconds,
         gpu_hour_usd=args.gpu_hour_usd,
@@ -139,6 +149,7 @@ def question(args: argparse.Namespace) -> PlanQuestion:
         drives=args.drives,
         dwpd=args.dwpd,
         warranty_years=args.warranty_years,
+        peers=PeerModel(**peer_changes(args)),
     )
 
 
@@ -157,15 +168,23 @@ def deployment(
 def run(args: argparse.Namespace, console: Console) -> int:
     """Print the plan (table, or one JSON object with ``--json``); 2 on bad input."""
     try:
-        figures = checkpoint_economics(question(args))
+        measured = measured_run(args)
+        figures = checkpoint_economics(question(args, measured))
     except ValueError as exc:
         print_error(str(exc))
         return EXIT_USAGE
+    figures["from_store"] = None
+    if measured is not None:
+        figures["checkpoint_seconds_source"] = "store"
+        figures["from_store"] = measured.as_json()
     if args.json:
         console.file.write(json.dumps(figures) + "\n")
         return EXIT_OK
     for table in _tables(figures):
         console.print(table)
+    console.print(_peer_note(figures), highlight=False, soft_wrap=True)
+    if measured is not None:
+        console.print(measured.describe(), highlight=False, soft_wrap=True)
     if figures["async_interval_queues"]:
         console.print("note: async writes take longer than the interval; saves would queue")
     return EXIT_OK
@@ -228,23 +247,31 @@ def _tables(f: dict[str, Any]) -> list[Table]:
         ("rated drive life used by the run", _num(f["endurance_used_fraction_run"], ".2%")),
     ]
 
-    def pair(label: str, sync: str, async_: str, fmt: Callable[[Any], str]) -> tuple[str, ...]:
-        return label, fmt(f[sync]), fmt(f[async_])
+    def pair(
+        label: str, sync: str, async_: str, fmt: Callable[[Any], str], peers: str | None = None
+    ) -> tuple[str, ...]:
+        return label, fmt(f[sync]), fmt(f[async_]), "—" if peers is None else fmt(f[peers])
 
     def modes(label: str, key: str, fmt: Callable[[Any], str]) -> tuple[str, ...]:
-        return pair(label, f"{key}_sync", f"{key}_async", fmt)
+        return pair(label, f"{key}_sync", f"{key}_async", fmt, f"{key}_peers")
 
     waste = f"{f['waste_fraction_sync']:.2%} / {f['waste_fraction_at_daly_sync']:.2%}"
     failures = [
-        pair("training blocked per save", "checkpoint_seconds", "stall_seconds", _time),
+        pair(
+            "training blocked per save",
+            "checkpoint_seconds",
+            "stall_seconds",
+            _time,
+            "stall_seconds_peers",
+        ),
         modes("lost per failure", "expected_lost_seconds_per_failure", _time),
         modes("lost GPU-hours per failure", "lost_gpu_hours_per_failure", _num),
         modes("cost per failure", "lost_cost_usd_per_failure", _usd),
         modes("cost of failures per run", "lost_cost_usd_per_run", _usd),
         modes("cost of save stalls per run", "checkpoint_cost_usd_per_run", _usd),
-        pair("optimal interval, Young", *_keys("young"), _time),
+        pair("optimal interval, Young", *_keys("young"), _time, "optimal_interval_peers_s"),
         pair("optimal interval, Daly", *_keys("daly"), _time),
-        ("time wasted now / at Daly's interval", waste, ""),
+        ("time wasted now / at Daly's interval", waste, "", ""),
     ]
     title = (
         f"failures over {_time(f['run_seconds'])}: job MTBF {_time(f['mtbf_seconds'])}, "
@@ -257,8 +284,24 @@ def _tables(f: dict[str, Any]) -> list[Table]:
             storage,
             ("", "value"),
         ),
-        _table(title, failures, ("", "sync", "async")),
+        _table(title, failures, ("", "sync", "async", "peers")),
     ]
+
+
+def _peer_note(f: dict[str, Any]) -> str:
+    """Below the table: what the peers column assumes."""
+    head = (
+        f"peers: {f['peer_replication']} copies over {f['peer_domains']:,} failure domains, "
+        f"a failure takes {f['peer_failed_domains']:,}"
+    )
+    if f["peer_loss_probability"] is None:
+        return f"{head}: not possible, fewer domains than copies"
+    tail = (
+        f"; every copy of some rank lost with probability {f['peer_loss_probability']:.3g}, "
+        f"then back to the newest durable copy (every {f['peer_durable_every']} saves, "
+        "written in the background); reads folded into the restart, as in the other columns"
+    )
+    return head + tail
 
 
 def _rate(f: dict[str, Any], key: str) -> str:

@@ -27,6 +27,7 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
+from mouthguard.checkpoint.peer_memory import DEFAULT_PATH as DEFAULT_PEER_PATH
 from mouthguard.checkpoint.store import Store
 from mouthguard.cli.common import EXIT_OK, NON_NEGATIVE, Handler, UsageError, integer
 
@@ -67,6 +68,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=[],
         metavar="LOCATION",
         help="also list this dataset (directory or s3:// URL); repeatable",
+    )
+    serve.add_argument(
+        "--peers",
+        nargs="?",
+        const=DEFAULT_PEER_PATH,
+        metavar="PATH",
+        help=f"also show the peer memory under PATH, per node (default {DEFAULT_PEER_PATH})",
     )
     serve.add_argument(
         "--allow-mutations",
@@ -125,7 +133,7 @@ def run(store: Store, args: argparse.Namespace, console: Console) -> int:
     app = create_app(
         cache,
         token=token,
-        sources=Sources(datasets=tuple(args.dataset)),
+        sources=Sources(datasets=tuple(args.dataset), peers=args.peers),
         allowed_hosts=LOOPBACK_NAMES if loopback else ("*",),
     )
     mode = "mutations allowed with the token" if token else "read-only"

@@ -9,8 +9,16 @@ the word strategy)::
 
     {"policies": {"importance": {"cost_usd": ..., "lost_gpu_hours": ...,
                                  "goodput": ..., ...}, "temperature": {...},
-                  "flat": {...}},
-     "scenario": {...}, "analytic": {...}, "plot": {...}}
+                  "flat": {...}, "peers": {...}},
+     "scenario": {..., "from_store": {...} or null}, "analytic": {...},
+     "peers": {...}, "plot": {...}}
+
+``peers`` says what the peer-memory strategy assumed (copies, domains, the
+chance a failure takes every copy of a rank, save and recovery times, its
+closed form); ``{"skipped": why}`` when the job has fewer failure domains than
+copies, and the strategy is then left out. ``--from-store STORE --run RUN``
+takes the save time and stall from the run's recorded saves
+(:mod:`~mouthguard.cli.from_store`).
 
 ``--plot FILE`` also sweeps the checkpoint interval and draws expected cost
 against it, in the format the file's suffix names (``.png``, ``.svg``, ``.pdf``;
@@ -48,16 +56,24 @@ from mouthguard.cli.common import (
     integer,
     print_error,
 )
+from mouthguard.cli.from_store import add_options, measured_run
+from mouthguard.cli.peer_options import add_peer_options, peer_changes
 from mouthguard.cli.plan import deployment
 from mouthguard.plan.comparison import (
     analytic_figures,
     analytic_lost_seconds,
     lost_usd_per_failure,
+    peer_figures,
     scenario_for,
 )
 from mouthguard.plan.deployment import DEFAULT_CORRUPTION, DEFAULT_GPU_HOUR_USD, DEFAULT_RUN_DAYS
 from mouthguard.plan.simulate import Scenario, StrategyResult, simulate
-from mouthguard.plan.strategies import DEFAULT_STRATEGIES, StorageStrategy, with_rebuild
+from mouthguard.plan.strategies import (
+    DEFAULT_STRATEGIES,
+    StorageStrategy,
+    with_peers,
+    with_rebuild,
+)
 from mouthguard.plan.sweep import cost_curves, optimum, sweep_grid
 
 DEFAULT_PRESET = "llama3-70b"
@@ -115,18 +131,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="FILE",
         help="also sweep the interval; draw cost vs it (FILE.png, .svg or .pdf)",
     )
+    add_peer_options(p)
+    add_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def build(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
     """The scenario and a description of it (JSON-ready). Raises ValueError on bad input."""
+    measured = measured_run(args)
     d = deployment(args.preset, args.gpus, args.interval_seconds)
     sc = scenario_for(
         d,
         mode=args.mode,
-        checkpoint_seconds=args.checkpoint_seconds,
+        checkpoint_seconds=measured.write_seconds if measured else args.checkpoint_seconds,
         write_bandwidth=args.write_bandwidth,
-        stall_seconds=args.stall_seconds,
+        stall_seconds=measured.stall_seconds if measured else args.stall_seconds,
         restart_seconds=args.restart_seconds,
         gpu_hour_usd=args.gpu_hour_usd,
         corruption_probability=args.corruption_probability,
@@ -136,6 +155,7 @@ def build(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
         failure_times=args.failure_times_hours,
     )
     about = {"model": d.label, **dataclasses.asdict(sc), "stall_seconds": sc.stall_seconds}
+    about["from_store"] = measured.as_json() if measured else None
     return sc, about
 
 
@@ -149,8 +169,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
             probability=args.rebuild_probability,
             mean_seconds=args.rebuild_mean_seconds,
         )
+        changes = peer_changes(args)
+        strategies, peers = _peer_strategy(sc, with_peers(strategies, **changes), changes)
         results = simulate(sc, strategies, seed=args.seed, runs=args.runs)
-        plot = _plot(args, sc, about, strategies, console) if args.plot else None
+        plot = _plot(args, sc, about, strategies, console, peers) if args.plot else None
     except (ValueError, OSError) as exc:
         print_error(str(exc))
         return EXIT_USAGE
@@ -159,16 +181,39 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "policies": {name: r.as_dict() for name, r in results.items()},
             "scenario": about,
             "analytic": analytic_figures(sc),
+            "peers": peers,
             "plot": plot,
         }
         console.file.write(json.dumps(out) + "\n")
         return EXIT_OK
     console.print(_table(about, results, sc))
+    if about["from_store"] is not None:
+        console.print(about["from_store"]["summary"], highlight=False, soft_wrap=True)
     lost = analytic_lost_seconds(sc) / 60
     console.print(f"analytic (flat, uncorrupted): {lost:.1f} min lost per failure", highlight=False)
+    console.print(_peer_line(peers), highlight=False, soft_wrap=True)
     if plot is not None:
         console.print(f"plot written to {plot['path']}", highlight=False)
     return EXIT_OK
+
+
+def _peer_strategy(
+    sc: Scenario, strategies: list[StorageStrategy], changes: dict[str, Any]
+) -> tuple[list[StorageStrategy], dict[str, Any]]:
+    """The strategies to simulate and the peer figures (``{"skipped": why}`` without peers).
+
+    A job with fewer failure domains than copies cannot place them: by default
+    the peers strategy is then left out, saying why; asked for with a --peer-*
+    option, it is an error.
+    """
+    (strategy,) = (s for s in strategies if s.peers is not None)
+    try:
+        return strategies, peer_figures(sc, strategy)
+    except ValueError as exc:
+        if changes:
+            raise
+        kept = [s for s in strategies if s.peers is None]
+        return kept, {"skipped": f"{exc} ({sc.gpus:,} GPUs)"}
 
 
 def _check_plot(plot: str | None) -> None:
@@ -198,17 +243,18 @@ def _plot_format(plot: str) -> str:
     return Path(plot).suffix.lower().removeprefix(".")
 
 
-def _plot(
+def _plot(  # noqa: PLR0917 - the run's parts, each used
     args: argparse.Namespace,
     sc: Scenario,
     about: dict[str, Any],
     strategies: list[StorageStrategy],
     console: Console,
+    peers: dict[str, Any],
 ) -> dict[str, Any]:
     # matplotlib takes a second to import: only a plot pays for it.
     from mouthguard.plan.plot import cost_vs_interval_figure, render  # noqa: PLC0415
 
-    grid = sweep_grid(sc)
+    grid = sweep_grid(sc, peers.get("optimal_interval_seconds"))
     show = not args.json and console.is_terminal
     with Progress(console=console, transient=True, disable=not show) as bar:
         task = bar.add_task("sweeping intervals", total=len(grid))
@@ -227,6 +273,12 @@ def _plot(
         f"corruption {sc.corruption_probability:.0%}, ${sc.gpu_hour_usd:g}/GPU-h, "
         f"{sc.work_seconds / 86400:g} days, {args.runs} runs per point"
     )
+    if "skipped" not in peers:
+        subtitle += (
+            f"; peers: {peers['replication']} copies, {peers['domains']:,} domains, a failure "
+            f"takes {peers['failed_domains']:,}, every {peers['durable_every']} saves durable, "
+            f"{peers['link_bytes_per_s'] / 1e9:g} GB/s links"
+        )
     fig = cost_vs_interval_figure(
         lines,
         title="Expected cost of failures and checkpoint stalls vs checkpoint interval",
@@ -246,6 +298,24 @@ def _plot(
         "optimal_interval_seconds": {k: v[0] for k, v in best.items()},
         "optimal_cost_usd": {k: v[1] for k, v in best.items()},
     }
+
+
+def _peer_line(p: dict[str, Any]) -> str:
+    """What the peers row assumes: copies, domains, loss, save and recovery times."""
+    if "skipped" in p:
+        return f"peers: not simulated: {p['skipped']}"
+    lost = p["expected_lost_seconds_per_failure"]
+    optimal = p["optimal_interval_seconds"]
+    return (
+        f"peers: {p['replication']} copies over {p['domains']:,} domains, a failure takes "
+        f"{p['failed_domains']:,}: every copy of some rank lost with probability "
+        f"{p['loss_probability']:.3g}, then back to a durable copy (every "
+        f"{p['durable_every']} saves); lands in peer memory in {p['save_seconds']:.3g} s; "
+        f"recovery {p['recovery_from_peers_seconds']:.1f} s from peers, "
+        f"{p['recovery_from_durable_seconds']:.1f} s from the durable tier (restart included)"
+        + (f"; analytic: {lost / 60:.1f} min lost per failure" if lost is not None else "")
+        + (f", optimal interval {optimal / 60:.1f} min" if optimal is not None else "")
+    )
 
 
 def _table(about: dict[str, Any], results: dict[str, StrategyResult], sc: Scenario) -> Table:

@@ -17,6 +17,7 @@ except ``/api/datasets`` which opens each named dataset's manifest):
 ``GET /api/pending?limit=N``                          what ``gc`` would do now, with reasons
                                                       (the first N, oldest first; totals)
 ``GET /api/datasets``, ``GET /api/kvcache``           the datasets and KV caches given
+``GET /api/peers``                                    the peer memory given (:mod:`.peers`)
 ``POST /api/checkpoints/{run}/{step}/hold``           ``{"name", "reason"}``
 ``POST /api/checkpoints/{run}/{step}/release``        ``{"name"}``
 ``POST /api/checkpoints/{run}/{step}/importance``     ``{"level", "reason"}``
@@ -62,6 +63,7 @@ from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.dashboard import metrics
 from mouthguard.dashboard.cache import SnapshotCache
 from mouthguard.dashboard.datasets import KVStats, dataset_rows, kvcache_rows
+from mouthguard.dashboard.peers import peer_memory
 from mouthguard.dashboard.snapshot import STATES, Row, summary
 from mouthguard.errors import MouthguardError
 from mouthguard.format.strict_json import StrictJsonError, parse
@@ -86,10 +88,15 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Sources:
-    """What the page shows beside the store: dataset locations and live KV caches."""
+    """What the page shows beside the store: datasets, live KV caches, peer memory.
+
+    ``peers`` is the directory holding the node areas of ``PeerMemory`` (its
+    ``path``), or None.
+    """
 
     datasets: Sequence[str] = ()
     kvcache: Mapping[str, KVStats] = field(default_factory=dict)
+    peers: str | None = None
 
 
 def create_app(
@@ -122,6 +129,7 @@ def create_app(
         Route("/api/pending", _json(api.pending)),
         Route("/api/datasets", _json(api.datasets)),
         Route("/api/kvcache", _json(api.kvcache)),
+        Route("/api/peers", _json(api.peers)),
         Route(
             "/api/checkpoints/{run}/{step:int}/{verb}",
             _json(api.mutate, authorize=api.authorize),
@@ -189,6 +197,7 @@ class _Api:
         body["mutations"] = self.token is not None
         body["datasets"] = len(self.sources.datasets)
         body["kvcaches"] = len(self.sources.kvcache)
+        body["peers"] = self.sources.peers
         return body
 
     def checkpoints(self, request: Request) -> Row:
@@ -267,6 +276,11 @@ class _Api:
 
     def kvcache(self, _request: Request) -> list[Row]:
         return kvcache_rows(self.sources.kvcache)
+
+    def peers(self, _request: Request) -> Row:
+        if self.sources.peers is None:
+            raise ApiError(404, "no peer memory given: start mouthguard serve with --peers")
+        return peer_memory(self.sources.peers)
 
     def mutate(self, request: Request) -> Row:
         """Apply one mutation; the caller has already run :meth:`authorize`."""

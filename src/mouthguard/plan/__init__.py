@@ -9,7 +9,11 @@
   Young's and Daly's optimal intervals, the exponential-failure waste model;
 * :mod:`~mouthguard.plan.economics` — every figure ``mouthguard plan`` prints;
 * :mod:`~mouthguard.plan.strategies` — the storage strategies compared
-  (importance-aware, temperature tiering, flat), as data;
+  (importance-aware, temperature tiering, flat, peer memory), as data;
+* :mod:`~mouthguard.plan.peers` — peer memory: the chance a failure takes every
+  copy of a rank, its saves, recoveries and optimal interval;
+* :mod:`~mouthguard.plan.measured` — a run's recorded saves summarised
+  (``--from-store``; the reading is the command line's);
 * :mod:`~mouthguard.plan.simulate` — the seeded discrete-event simulator;
 * :mod:`~mouthguard.plan.comparison` — the scenario ``mouthguard simulate``
   runs and the closed form beside it;

@@ -16,10 +16,17 @@ from typing import Literal
 from mouthguard.plan import deployment as dp
 from mouthguard.plan import intervals as iv
 from mouthguard.plan import sizing as sz
+from mouthguard.plan.peers import expected_lost_seconds_per_failure_peers, optimal_interval_peers
 from mouthguard.plan.simulate import Scenario, StrategyResult
-from mouthguard.plan.strategies import FLAT
+from mouthguard.plan.strategies import FLAT, StorageStrategy
 
-__all__ = ["analytic_figures", "analytic_lost_seconds", "lost_usd_per_failure", "scenario_for"]
+__all__ = [
+    "analytic_figures",
+    "analytic_lost_seconds",
+    "lost_usd_per_failure",
+    "peer_figures",
+    "scenario_for",
+]
 
 
 def scenario_for(
@@ -104,3 +111,51 @@ def lost_usd_per_failure(result: StrategyResult, gpu_hour_usd: float) -> float:
     if not result.failures:
         return 0.0
     return result.lost_gpu_hours * gpu_hour_usd / result.failures
+
+
+def peer_figures(sc: Scenario, strategy: StorageStrategy) -> dict[str, float | int | None]:
+    """What a peer-memory strategy assumes and the closed form gives (``--json``'s ``peers``).
+
+    Domains and the loss probability (:mod:`~mouthguard.plan.peers`), when a
+    save lands in peer memory, the recovery from peers and from the durable tier
+    (restart included), the expected loss per failure and the optimal interval;
+    the last two are ``None`` where the closed form has no answer (failures given
+    as a list, or losses with no durable copies). Raises :class:`ValueError`
+    for a strategy without peer memory, or more copies than domains.
+    """
+    peers = strategy.peers
+    if peers is None:
+        raise ValueError(f"strategy {strategy.name!r} keeps no checkpoints in peer memory")
+    loss = peers.loss_probability(sc.gpus)
+    land = peers.write_seconds(sc.checkpoint_bytes, sc.gpus)
+    stall = land if sc.mode == "sync" else sc.snapshot_seconds
+    peer_read = peers.read_seconds(sc.checkpoint_bytes, sc.gpus)
+    durable_read = sc.checkpoint_bytes / strategy.fast_read_bytes_per_s
+    lost = optimal = None
+    if peers.durable_every > 0 or loss == 0:
+        lost = expected_lost_seconds_per_failure_peers(
+            sc.interval_seconds + stall,
+            0.0 if sc.mode == "sync" else land,
+            peer_read,
+            loss,
+            peers.durable_every,
+            sc.write_seconds,
+            durable_read,
+            sc.restart_seconds,
+        )
+        if sc.mtbf_seconds is not None:
+            optimal = optimal_interval_peers(stall, sc.mtbf_seconds, loss, peers.durable_every)
+    return {
+        "replication": peers.replication,
+        "domains": peers.domains(sc.gpus),
+        "failed_domains": min(peers.failed_domains, peers.domains(sc.gpus)),
+        "durable_every": peers.durable_every,
+        "link_bytes_per_s": peers.link_bytes_per_s,
+        "loss_probability": loss,
+        "save_seconds": land,
+        "stall_seconds": stall,
+        "recovery_from_peers_seconds": sc.restart_seconds + peer_read,
+        "recovery_from_durable_seconds": sc.restart_seconds + durable_read,
+        "expected_lost_seconds_per_failure": lost,
+        "optimal_interval_seconds": optimal,
+    }

@@ -13,10 +13,11 @@ Every formula is in :mod:`~mouthguard.plan.sizing` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mouthguard.plan import intervals as iv
+from mouthguard.plan import peers as pm
 from mouthguard.plan import sizing as sz
 from mouthguard.plan.deployment import (
     DEFAULT_DWPD,
@@ -54,6 +55,7 @@ class PlanQuestion:
         drives: drives the writes spread over.
         dwpd: rated drive writes per day.
         warranty_years: rated drive life.
+        peers: the peer-memory column's model (:mod:`~mouthguard.plan.peers`).
     """
 
     deployment: Deployment
@@ -72,6 +74,7 @@ class PlanQuestion:
     drives: int = 1
     dwpd: float = DEFAULT_DWPD
     warranty_years: float = DEFAULT_WARRANTY_YEARS
+    peers: pm.PeerModel = field(default_factory=pm.PeerModel)
 
 
 def checkpoint_economics(q: PlanQuestion) -> dict[str, Any]:
@@ -132,6 +135,7 @@ def checkpoint_economics(q: PlanQuestion) -> dict[str, Any]:
         ),
     }
     out |= _failure_costs(q, interval, (cost, stall), failures, saves)
+    out |= _peer_costs(q, total, (interval, cost, mtbf), failures, saves)
     out["gpu_hour_usd"] = q.gpu_hour_usd
     out |= _endurance(q, daily, run_bytes)
     return out
@@ -170,6 +174,73 @@ def _failure_costs(
             usd_key = key.replace("gpu_hours", "cost_usd")
             price = q.gpu_hour_usd
             out[f"{usd_key}_{mode}"] = None if price is None else hours * price
+    return out
+
+
+def _peer_costs(
+    q: PlanQuestion,
+    total: float,
+    run: tuple[float, float, float],
+    failures: float,
+    saves: float,
+) -> dict[str, float | int | None]:
+    """The peer-memory column: saves into peers' memory, every k-th also durable.
+
+    ``run`` is ``(T, W, M)``: the interval, the durable write (landing in the
+    background, ``W`` after its save) and the job MTBF. A save stalls for its
+    copies to the peers; a failure loses, on average, what
+    :func:`~mouthguard.plan.peers.expected_lost_seconds_per_failure_peers` says
+    with both reads folded into the restart (as the sync and async columns fold
+    theirs). The figures are ``None`` when the job has fewer failure domains
+    than copies, or when a loss could rewind to the start (no durable copies).
+    """
+    interval, write, mtbf = run
+    peers, gpus = q.peers, q.deployment.gpus
+    out: dict[str, float | int | None] = {
+        "peer_replication": peers.replication,
+        "peer_domains": peers.domains(gpus),
+        "peer_failed_domains": min(peers.failed_domains, peers.domains(gpus)),
+        "peer_durable_every": peers.durable_every,
+    }
+    keys = (
+        "peer_loss_probability",
+        "stall_seconds_peers",
+        "expected_lost_seconds_per_failure_peers",
+        "lost_gpu_hours_per_failure_peers",
+        "lost_cost_usd_per_failure_peers",
+        "lost_gpu_hours_per_run_peers",
+        "lost_cost_usd_per_run_peers",
+        "checkpoint_gpu_hours_per_run_peers",
+        "checkpoint_cost_usd_per_run_peers",
+        "optimal_interval_peers_s",
+    )
+    out |= dict.fromkeys(keys)
+    if peers.replication > peers.domains(gpus):
+        return out
+    loss = peers.loss_probability(gpus)
+    stall = peers.write_seconds(total, gpus)
+    out["peer_loss_probability"] = loss
+    out["stall_seconds_peers"] = stall
+    if peers.durable_every == 0 and loss > 0:
+        return out
+    lost = pm.expected_lost_seconds_per_failure_peers(
+        interval + stall, 0.0, 0.0, loss, peers.durable_every, write, 0.0, q.restart_seconds
+    )
+    price = q.gpu_hour_usd
+    hours = {
+        "lost_gpu_hours_per_failure": lost * gpus / _HOUR,
+        "lost_gpu_hours_per_run": lost * gpus / _HOUR * failures,
+        "checkpoint_gpu_hours_per_run": stall * saves * gpus / _HOUR,
+    }
+    out["expected_lost_seconds_per_failure_peers"] = lost
+    for key, value in hours.items():
+        out[f"{key}_peers"] = value
+        out[f"{key.replace('gpu_hours', 'cost_usd')}_peers"] = (
+            None if price is None else value * price
+        )
+    out["optimal_interval_peers_s"] = pm.optimal_interval_peers(
+        stall, mtbf, loss, peers.durable_every
+    )
     return out
 
 

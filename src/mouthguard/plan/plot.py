@@ -32,9 +32,33 @@ _STYLES: dict[str, tuple[str, str, str, float]] = {
     "importance": ("#1b7837", "-", "o", 12.0),
     "temperature": ("#c51b7d", "--", "D", 9.0),
     "flat": ("#2166ac", ":", "s", 6.5),
+    "peers": ("#e08214", "-.", "^", 9.0),
 }
-_FALLBACK_COLOURS = ("#762a83", "#e08214", "#4d4d4d")
-_TICKS_MINUTES = (1, 2, 3, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 360, 480, 720, 1440, 2880)
+_FALLBACK_COLOURS = ("#762a83", "#8c510a", "#4d4d4d")
+_TICKS_MINUTES = (
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2,
+    3,
+    5,
+    10,
+    15,
+    20,
+    30,
+    45,
+    60,
+    90,
+    120,
+    180,
+    240,
+    360,
+    480,
+    720,
+    1440,
+    2880,
+)
 
 
 def _minutes(seconds: float) -> str:
@@ -46,14 +70,14 @@ def _minutes(seconds: float) -> str:
 
 
 def _money(usd: float) -> str:
-    if abs(usd) >= 1e6:
+    if abs(usd) >= 1e6 - 500:  # $999,600 reads $1.00M, not $1000K
         return f"${usd / 1e6:.2f}M"
     return f"${usd / 1e3:.0f}K"
 
 
-def _draw(ax: Axes, curves: Sequence[Curve]) -> float:
-    """Draw the curves and their optima; returns the lowest optimum cost (for limits)."""
-    lowest = math.inf
+def _draw(ax: Axes, curves: Sequence[Curve]) -> tuple[float, float]:
+    """Draw the curves and their optima; returns the lowest and highest optimum cost."""
+    lowest, highest = math.inf, 0.0
     for n, curve in enumerate(curves):
         colour, dash, marker, size = _STYLES.get(
             curve.label, (_FALLBACK_COLOURS[n % 3], "-.", "^", 8.0)
@@ -61,7 +85,7 @@ def _draw(ax: Axes, curves: Sequence[Curve]) -> float:
         minutes = [s / _MINUTE for s in curve.intervals_seconds]
         millions = [c / 1e6 for c in curve.cost_usd]
         best_s, best_usd = optimum(curve)
-        lowest = min(lowest, best_usd)
+        lowest, highest = min(lowest, best_usd), max(highest, best_usd)
         ax.plot(minutes, millions, dash, color=colour, linewidth=2.2, label=curve.label)
         ax.plot(
             [best_s / _MINUTE],
@@ -73,7 +97,7 @@ def _draw(ax: Axes, curves: Sequence[Curve]) -> float:
             zorder=5,
             label=f"{curve.label} optimum: {_minutes(best_s)}, {_money(best_usd)}",
         )
-    return lowest
+    return lowest, highest
 
 
 def cost_vs_interval_figure(
@@ -88,7 +112,8 @@ def cost_vs_interval_figure(
     One line per curve plus one marker at each curve's optimum (two legend
     entries per curve). Each ``(seconds, label)`` of ``references`` adds a
     grey vertical line (the analytic optimum, the interval in use). The y axis is
-    cut at three times the lowest optimum so that short intervals, whose
+    cut at three times the lowest optimum (or 1.5 times the highest, when that
+    is higher: every optimum stays in view) so that short intervals, whose
     stalls dwarf everything, do not flatten the interesting part.
     """
     if not curves:
@@ -96,7 +121,7 @@ def cost_vs_interval_figure(
     fig = Figure(figsize=(10, 6.2), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    lowest = _draw(ax, curves)
+    lowest, highest = _draw(ax, curves)
     for (seconds, label), dash in zip(references, ("-.", (0, (1, 3)), "--"), strict=False):
         ax.axvline(seconds / _MINUTE, color="#555555", linewidth=1.3, linestyle=dash)
         ax.plot([], [], linestyle=dash, color="#555555", label=f"{label}: {_minutes(seconds)}")
@@ -112,12 +137,14 @@ def cost_vs_interval_figure(
     ax.set_xlabel("checkpoint interval (minutes of compute between saves, log scale)", fontsize=11)
     ax.set_ylabel("expected cost per run (US$ millions)", fontsize=11)
     top = max(max(c.cost_usd) for c in curves) / 1e6
-    ax.set_ylim(0, min(top * 1.05, 3 * lowest / 1e6) if lowest > 0 else top * 1.05 or 1.0)
+    cut = max(3 * lowest, 1.5 * highest) / 1e6
+    ax.set_ylim(0, min(top * 1.05, cut) if lowest > 0 else top * 1.05 or 1.0)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"${y:,.1f}M"))
     ax.grid(True, which="major", alpha=0.35)
     ax.grid(True, which="minor", axis="x", alpha=0.12)
-    # Below the optimum every curve is empty space: the legend never hides data there.
-    ax.legend(loc="lower center", fontsize=9.5, framealpha=0.95, ncols=2)
+    # Top left, short intervals' stalls have sent the storage curves off the cut
+    # axis and peer memory's curve runs along the bottom: the legend hides no data.
+    ax.legend(loc="upper left", fontsize=9.5, framealpha=0.95, ncols=2)
     fig.suptitle(title, fontsize=13, fontweight="bold")
     if subtitle:
         ax.set_title(textwrap.fill(subtitle, 120), fontsize=9.5, color="#333333")

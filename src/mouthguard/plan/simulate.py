@@ -60,7 +60,7 @@ MAX_RUNS = 10_000
 
 _HOUR = 3600.0
 _MASK = (1 << 64) - 1
-_FAIL, _CORRUPT, _REBUILD, _REBUILD_WAIT = 1, 2, 3, 4
+_FAIL, _CORRUPT, _REBUILD, _REBUILD_WAIT, _PEER_LOSS = 1, 2, 3, 4, 5
 
 
 def _finite(name: str, value: float, *, positive: bool = False) -> None:
@@ -231,12 +231,22 @@ class _Run:
     def __init__(self, sc: Scenario, strategy: StorageStrategy, draws: _Draws) -> None:
         self.sc, self.strategy, self.draws = sc, strategy, draws
         self.fails = _failures(sc, draws)
-        self.cycle = sc.interval_seconds + sc.stall_seconds
         sync = sc.mode == "sync"
+        peers = strategy.peers
+        # What a save blocks for and when it lands: the scenario's write, or with
+        # peer memory the copies to the peers (the durable copy is background work).
+        write = sc.write_seconds
+        self.peer_loss = 0.0
+        if peers is not None:
+            write = peers.write_seconds(sc.checkpoint_bytes, sc.gpus)
+            self.peer_loss = peers.loss_probability(sc.gpus)
+        stall = write if sync else sc.snapshot_seconds
+        self.cycle = sc.interval_seconds + stall
         # An async snapshot waits for the previous write (one staging buffer);
         # an async checkpoint lands W after its snapshot, a sync one at stall end.
-        self.queue = 0.0 if sync else max(0.0, sc.write_seconds - sc.interval_seconds)
-        self.land = 0.0 if sync else sc.write_seconds
+        self.queue = 0.0 if sync else max(0.0, write - sc.interval_seconds)
+        self.land = 0.0 if sync else write
+        self.durable_progress = 0.0  # work at the newest durable state (peers only)
         self.start = self.progress = 0.0  # where the current segment resumed compute
         self.base_bytes = 0.0  # the initial state costs nothing to load; a restored one does
         self.first_write = 0
@@ -266,8 +276,11 @@ class _Run:
         """Pick the checkpoint to resume from: ``(index, total read s, its own read s)``.
 
         Tries landed checkpoints newest first; a corrupt one is read in full
-        before the load fails. Adds the rebuild wait to the total.
+        before the load fails. Adds the rebuild wait to the total. With peer
+        memory see :meth:`restore_peers` (its index may be negative).
         """
+        if self.strategy.peers is not None:
+            return self.restore_peers(tf, k)
         sc, strategy = self.sc, self.strategy
         read = own = 0.0
         slow_read = False
@@ -290,6 +303,58 @@ class _Run:
                 _REBUILD_WAIT, self.failures, strategy.rebuild_mean_seconds
             )
         return target, read, own
+
+    def durable(self, i: int) -> bool:
+        """Whether the segment's checkpoint ``i`` also went to the durable tier.
+
+        Saves are numbered by the work they hold (save ``n`` holds ``n T``), so a
+        resumed run's saves keep their numbers and every ``k``-th is durable.
+        """
+        peers = self.strategy.peers
+        assert peers is not None
+        every = peers.durable_every
+        return every > 0 and (round(self.progress / self.sc.interval_seconds) + i) % every == 0
+
+    def restore_peers(self, tf: float, k: int) -> tuple[int, float, float]:
+        """:meth:`restore` with peer memory: from the peers, else from a durable copy.
+
+        One draw per failure says whether it took every copy of some rank (the
+        peer model's loss probability). If not, the landed checkpoints are read
+        from the peers, newest first, as :meth:`restore` does. If so, only the
+        durable ones that had landed (``W`` after their save) count, read from
+        the fast tier; when the segment has none the run rewinds to the newest
+        durable state before it: the returned index is then ``-m``, ``m``
+        intervals before the segment's start.
+        """
+        sc, peers = self.sc, self.strategy.peers
+        assert peers is not None
+        peer_read = peers.read_seconds(sc.checkpoint_bytes, sc.gpus)
+        durable_read = sc.checkpoint_bytes / self.strategy.fast_read_bytes_per_s
+        lost = self.peer_loss > 0 and self.draws.uniform(_PEER_LOSS, self.failures) < self.peer_loss
+        read = own = 0.0
+        for i in range(k, 0, -1):
+            if lost and not (self.durable(i) and self.stall_end(i) + sc.write_seconds <= tf):
+                continue
+            own = durable_read if lost else peer_read
+            read += own
+            if self.draws.uniform(_CORRUPT, self.first_write + i - 1) >= sc.corruption_probability:
+                self.note_durable(tf, i)
+                return i, read, own
+            self.fallbacks += 1
+        if not lost:  # the state this segment resumed from, still in peer memory
+            own = peer_read if self.base_bytes > 0 else 0.0
+            self.note_durable(tf, 0)
+            return 0, read + own, own
+        back = round((self.progress - self.durable_progress) / sc.interval_seconds)
+        own = durable_read if self.durable_progress > 0 else 0.0
+        return -back, read + own, own
+
+    def note_durable(self, tf: float, target: int) -> None:
+        """Remember the newest durable state at or before ``target`` that had landed by ``tf``."""
+        for i in range(target, 0, -1):
+            if self.durable(i) and self.stall_end(i) + self.sc.write_seconds <= tf:
+                self.durable_progress = self.progress + i * self.sc.interval_seconds
+                return
 
     def count_failure(self) -> None:
         self.failures += 1
@@ -321,7 +386,9 @@ class _Run:
             k = self.landed(tf, n)
             self.checkpoints += k
             target, read, own = self.restore(tf, k)
-            self.lost += tf - self.stall_end(target)
+            # A negative target rewinds past the segment's start (peer memory lost).
+            rewound = max(0, -target) * sc.interval_seconds
+            self.lost += tf - self.stall_end(max(0, target)) + rewound
             rec = sc.restart_seconds + read
             next_fail = next(self.fails)
             while next_fail < tf + rec:  # struck again while recovering: start it over
@@ -333,8 +400,10 @@ class _Run:
             self.lost += rec
             self.recovery += rec
             self.progress += target * sc.interval_seconds
-            if target:
+            if target > 0 or (target < 0 and self.progress > 0):
                 self.base_bytes = sc.checkpoint_bytes
+            elif target < 0:
+                self.base_bytes = 0.0  # rewound to the run's start
             self.start = tf + rec
             self.first_write += k + 1  # write numbers only key the corruption draws
 

@@ -54,12 +54,16 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
+
+from mouthguard.plan.peers import PeerModel
 
 __all__ = [
     "DEFAULT_STRATEGIES",
     "FAST_READ_BYTES_PER_S",
     "FLAT",
     "IMPORTANCE",
+    "PEERS",
     "REBUILD_MEAN_SECONDS",
     "REBUILD_PROBABILITY",
     "SLOW_READ_BYTES_PER_S",
@@ -67,6 +71,7 @@ __all__ = [
     "TEMPERATURE",
     "StorageStrategy",
     "get_strategy",
+    "with_peers",
     "with_rebuild",
 ]
 
@@ -93,6 +98,10 @@ class StorageStrategy:
         rebuild_probability: chance that a recovery reading from the slow tier
             first waits for an erasure-code rebuild.
         rebuild_mean_seconds: mean of that wait (exponentially distributed), s.
+        peers: checkpoints in peers' memory (:mod:`~mouthguard.plan.peers`):
+            saves land there at network speed, a recovery reads from the peers
+            unless the failure took every copy of some rank, then from the
+            newest durable copy on the fast tier. ``None``: no peer memory.
     """
 
     name: str
@@ -102,6 +111,7 @@ class StorageStrategy:
     demote_after_seconds: float | None = None
     rebuild_probability: float = 0.0
     rebuild_mean_seconds: float = 0.0
+    peers: PeerModel | None = None
 
     def __post_init__(self) -> None:
         for label, value in (
@@ -142,9 +152,16 @@ TEMPERATURE = StorageStrategy(
 # One tier that neither punishes nor elevates write-once data: the fast tier's
 # bandwidth for every read, but nobody checks a checkpoint until it is loaded.
 FLAT = StorageStrategy("flat", "one tier, no tiering, no verification")
+# importance with mouthguard.PeerMemory: every save lands in peers' memory, every
+# k-th also on the fast tier, as importance keeps it.
+PEERS = StorageStrategy(
+    "peers",
+    "mouthguard with peer memory: saves in other domains' RAM, every k-th also durable",
+    peers=PeerModel(),
+)
 
-#: The three strategies ``mouthguard simulate`` compares, in display order.
-DEFAULT_STRATEGIES: tuple[StorageStrategy, ...] = (IMPORTANCE, TEMPERATURE, FLAT)
+#: The strategies ``mouthguard simulate`` compares, in display order.
+DEFAULT_STRATEGIES: tuple[StorageStrategy, ...] = (IMPORTANCE, TEMPERATURE, FLAT, PEERS)
 
 #: Strategy name -> strategy.
 STRATEGIES: Mapping[str, StorageStrategy] = MappingProxyType(
@@ -173,6 +190,21 @@ def with_rebuild(
     the others are returned unchanged.
     """
     return [_with_rebuild(s, probability, mean_seconds) for s in strategies]
+
+
+def with_peers(strategies: Iterable[StorageStrategy], **changes: Any) -> list[StorageStrategy]:
+    """``strategies`` with the given :class:`PeerModel` fields changed in those that have one.
+
+    Raises :class:`ValueError` (from :class:`PeerModel`) for a value out of range
+    and :class:`TypeError` for a field it does not have.
+    """
+    return [_with_peers(s, changes) for s in strategies]
+
+
+def _with_peers(s: StorageStrategy, changes: dict[str, Any]) -> StorageStrategy:
+    if s.peers is None or not changes:
+        return s
+    return dataclasses.replace(s, peers=dataclasses.replace(s.peers, **changes))
 
 
 def _with_rebuild(

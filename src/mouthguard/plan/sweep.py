@@ -9,6 +9,7 @@ needs matplotlib; this one is pure arithmetic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ SWEEP_POINTS = 25
 SWEEP_SPAN = 8.0  # the sweep covers centre / SPAN .. centre * SPAN
 #: The sweep is centred no lower than this, seconds: shorter intervals are all stall.
 _MIN_CENTRE_SECONDS = 60.0
+#: No interval swept is shorter than this, seconds.
+_MIN_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,16 @@ def optimum(curve: Curve) -> tuple[float, float]:
     return curve.intervals_seconds[best], curve.cost_usd[best]
 
 
-def sweep_grid(sc: Scenario) -> list[float]:
+def sweep_grid(sc: Scenario, low_optimum: float | None = None) -> list[float]:
     """Log-spaced intervals, seconds, around the analytic optimum (or the given interval).
 
     The centre is Daly's interval for the stall (async: at least the write, since
     below it the next snapshot waits for the last write anyway), or the
     scenario's interval when failures are a given list; never under a minute.
+    :data:`SWEEP_POINTS` points from centre / :data:`SWEEP_SPAN` to centre x
+    SPAN; ``low_optimum`` (a strategy whose optimum is far shorter, as peer
+    memory's) extends the grid downwards with the same spacing to that optimum
+    / SPAN, never below a second.
     """
     centre = sc.interval_seconds
     if sc.mtbf_seconds is not None:
@@ -63,7 +70,12 @@ def sweep_grid(sc: Scenario) -> list[float]:
             centre = max(centre, sc.write_seconds)
     centre = max(centre, _MIN_CENTRE_SECONDS)
     lo, ratio = centre / SWEEP_SPAN, SWEEP_SPAN ** (2 / (SWEEP_POINTS - 1))
-    return [lo * ratio**i for i in range(SWEEP_POINTS)]
+    grid = [lo * ratio**i for i in range(SWEEP_POINTS)]
+    if low_optimum is not None:
+        floor = max(low_optimum / SWEEP_SPAN, _MIN_SECONDS)
+        extra = max(0, math.ceil(math.log(lo / floor) / math.log(ratio))) if floor < lo else 0
+        grid = [lo / ratio**i for i in range(extra, 0, -1)] + grid
+    return grid
 
 
 def cost_curves(

@@ -110,6 +110,7 @@ function renderSummary(s) {
   document.querySelector("th.actions-col").hidden = !s.mutations;
   document.getElementById("datasets-section").hidden = s.datasets === 0;
   document.getElementById("kvcache-section").hidden = s.kvcaches === 0;
+  document.getElementById("peers-section").hidden = !s.peers;
 }
 
 function copyCell(copies) {
@@ -267,6 +268,35 @@ function renderDatasets(rows) {
       el("td", {}, when(d.created)))));
 }
 
+// One row per node and step, as `mouthguard ls --peers` lists them; the state says whether
+// the node holds the step complete and whether every rank's file is held on some node.
+function peerState(p) {
+  if (!p.complete) return "save in flight or interrupted (no manifest)";
+  if (p.recoverable) return "complete: every rank held";
+  if (p.missing === null) return "complete here; world size unknown";
+  return "complete here; rank(s) " + p.missing.join(",") + " on no node";
+}
+
+function renderPeers(p) {
+  document.getElementById("peers-summary").textContent = p.path + ": " + p.nodes +
+    " node area(s), " + p.steps + " complete step(s), " + bytes(p.bytes) + " held";
+  const body = document.querySelector("#peers tbody");
+  if (!p.rows.length) {
+    body.replaceChildren(el("tr", {}, el("td", { colspan: 6, class: "muted" }, "nothing held")));
+    return;
+  }
+  body.replaceChildren(...p.rows.map((r) => el("tr", {
+    "data-node": r.node, "data-run": r.run, "data-step": r.step,
+    "data-complete": String(r.complete), "data-recoverable": String(r.recoverable) },
+  el("td", {}, r.node), el("td", {}, r.run), el("td", { class: "num" }, r.step),
+  el("td", {}, r.ranks.join(",")), el("td", { class: "num" }, bytes(r.bytes)),
+  el("td", { class: r.recoverable ? "" : "verdict-delete" }, peerState(r)))));
+  if (p.total > p.rows.length) {
+    body.append(el("tr", {}, el("td", { colspan: 6, class: "muted" },
+      "... and " + (p.total - p.rows.length) + " more (mouthguard ls --peers lists all)")));
+  }
+}
+
 function renderKV(rows) {
   const ms = (v) => (v === null || v === undefined ? "" : v.toFixed(3));
   document.querySelector("#kvcache tbody").replaceChildren(...rows.map((k) => el("tr", {},
@@ -300,6 +330,7 @@ async function refresh() {
     ];
     if (summary.datasets) jobs.push(api("/api/datasets").then(renderDatasets));
     if (summary.kvcaches) jobs.push(api("/api/kvcache").then(renderKV));
+    if (summary.peers) jobs.push(api("/api/peers").then(renderPeers));
     await Promise.all(jobs);
     showError(null);
   } catch (error) {
