@@ -127,3 +127,17 @@ def parquet_rows(paths: list[Path]) -> list[dict[str, Any]]:
     for path in paths:
         rows += pq.read_table(path).to_pylist()
     return rows
+
+
+def gzipped(paths: list[Path], suffix: str = ".tar.gz") -> list[Path]:
+    """Each tar of ``paths`` gzip-compressed as ``x.tar.gz`` (or ``x.tgz``), the tar removed."""
+    import gzip  # noqa: PLC0415
+
+    out = []
+    for path in paths:
+        data = path.read_bytes()
+        target = path.with_name(path.name.removesuffix(".tar") + suffix)
+        target.write_bytes(gzip.compress(data, mtime=0))
+        path.unlink()
+        out.append(target)
+    return out

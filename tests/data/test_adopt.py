@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import tarfile
@@ -16,9 +17,14 @@ from mouthguard.data import (
     open_dataset,
     verify_dataset,
 )
-from mouthguard.errors import AdoptionError, DatasetExistsError, DatasetNotFoundError
+from mouthguard.errors import (
+    AdoptionError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    ShardDamagedError,
+)
 
-from .adopted import odd_tar, parquet_files, wds_tars, webdataset_samples
+from .adopted import gzipped, odd_tar, parquet_files, wds_tars, webdataset_samples
 from .helpers import write_dataset
 
 KEY = "hex:" + bytes(range(32)).hex()
@@ -182,3 +188,63 @@ def test_a_file_that_is_not_parquet_is_refused(tmp_path: Path) -> None:
     with pytest.raises(AdoptionError, match=r"broken\.parquet: does not end with PAR1"):
         index_dataset(root)
     assert not list(root.rglob("*.json"))
+
+
+def test_gzip_compressed_tars_are_indexed_read_and_verified_whole(tmp_path: Path) -> None:
+    root = tmp_path / "gz"
+    plain = [*wds_tars(root, shards=2, per=6), odd_tar(root / "zz" / "odd.tar")]
+    reference = webdataset_samples(plain)
+    paths = [*gzipped(plain[:1]), *gzipped(plain[1:2], ".tgz"), plain[2]]  # mixed with a .tar
+    assert webdataset_samples(paths) == reference  # what WebDataset makes of the same files
+    before = _snapshot(root)
+    manifest = index_dataset(root)
+    assert _snapshot(root) == before, "the user's files are untouched"
+    assert [s.name for s in manifest.shards] == [
+        "train/part-000.tar.gz",
+        "train/part-001.tgz",
+        "zz/odd.tar",
+    ]
+    first = manifest.shards[0]
+    assert first.size == paths[0].stat().st_size  # the compressed file's size and sha256
+    assert first.sha256 == hashlib.sha256(paths[0].read_bytes()).hexdigest()
+    assert first.ranges is None  # gzip cannot be range-read: verified whole
+    assert (root / "mouthguard-index" / "shards" / "train" / "part-000.index.json").is_file()
+    assert list(StreamingDataset(root)) == reference
+    cached = StreamingDataset(root, cache_dir=tmp_path / "cache", shuffle=True, seed=3)
+    assert sorted(s["__key__"] for s in cached) == sorted(s["__key__"] for s in reference)
+    assert verify_dataset(root).ok
+
+
+def test_a_damaged_gzip_shard_is_found_by_verify_and_the_reader(tmp_path: Path) -> None:
+    root = tmp_path / "gz"
+    [path] = gzipped(wds_tars(root, shards=1, per=6))
+    index_dataset(root)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    [bad] = verify_dataset(root).mismatched
+    assert bad.name == "train/part-000.tar.gz"
+    with pytest.raises(ShardDamagedError, match=r"part-000\.tar\.gz"):
+        list(StreamingDataset(root))
+
+
+def test_gzip_files_webdataset_cannot_read_as_indexed_are_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "gz"
+    [tar] = wds_tars(root, shards=1, per=3)
+    whole = gzip.compress(tar.read_bytes(), mtime=0)
+    tar.unlink()
+    bad = root / "train" / "part-000.tar.gz"
+    bad.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(AdoptionError, match=r"part-000\.tar\.gz: .*cut short"):
+        index_dataset(root)
+    bad.write_bytes(whole + whole)  # two members: tarfile's stream mode stops after the first
+    with pytest.raises(AdoptionError, match=r"part-000\.tar\.gz: .*first gzip member"):
+        index_dataset(root)
+    bad.write_bytes(whole)
+    (root / "train" / "part-000.tar").write_bytes(gzip.decompress(whole))
+    with pytest.raises(AdoptionError, match=r"part-000\.tar and train/part-000\.tar\.gz"):
+        index_dataset(root)  # both would be indexed as part-000.index.json
+    (root / "train" / "part-000.tar").unlink()
+    assert index_dataset(root).samples == 3

@@ -158,3 +158,20 @@ def test_hostile_adopted_index_is_refused(case: str) -> None:
             count=2,
             adopted=True,
         )
+
+
+@pytest.mark.parametrize(
+    ("size", "fits"), [(10240, True), (4000, False), (True, False), ("10240", False), (0, False)]
+)
+def test_a_gzip_shards_index_states_the_tar_size_and_is_held_to_it(
+    size: object, fits: bool
+) -> None:
+    """``size=None`` (a ``.tgz``: the manifest has the compressed size): the index's own counts."""
+    body = _adopted() | {"shard": "a/x.tgz", "size": size}
+    raw = json.dumps(body).encode()
+    if fits:
+        parsed = parse_index(raw, shard="a/x.tgz", size=None, count=2, adopted=True)
+        assert parsed.size == 10240
+        return
+    with pytest.raises(ShardDamagedError, match=r"a/x\.tgz"):
+        parse_index(raw, shard="a/x.tgz", size=None, count=2, adopted=True)

@@ -318,6 +318,17 @@ def test_an_adopted_webdataset_manifest_round_trips() -> None:
     assert manifest.fingerprint != fingerprint(shards)
 
 
+def test_gzip_tars_may_hold_more_samples_than_their_bytes_but_no_range_table() -> None:
+    """A ``.tgz``'s size is the compressed file's: 1536 bytes may hold 40 tiny samples."""
+    small = ShardRecord("a/x.tgz", 1536, "a" * 64, 40, IndexRecord("a/x.index.json", 90, "b" * 64))
+    manifest = parse_manifest(_adopted_raw([small, _adopted(1, "b.tar.gz", "c")]), None)
+    assert [s.name for s in manifest.shards] == ["a/x.tgz", "b.tar.gz"]
+    assert manifest.counts == (40, 2)
+    ranged = replace(small, ranges=RangeTable(65536, ("c" * 64,)))
+    with pytest.raises(ManifestError, match="gzip-compressed: it has no range table"):
+        parse_manifest(_adopted_raw([ranged]), None)
+
+
 def _adopted_body(change: Callable[[Body], None]) -> bytes:
     body = unseal(_adopted_raw([_adopted(0, "a/x-0.tar"), _adopted(1, "a/x-1.tar", "c")]))
     change(body)

@@ -18,7 +18,7 @@ from mouthguard.data import (
 from mouthguard.errors import DatasetError, ShardDamagedError
 from tests.s3.fixtures import S3Bucket
 
-from .adopted import parquet_files, parquet_rows, wds_tars, webdataset_samples
+from .adopted import gzipped, parquet_files, parquet_rows, wds_tars, webdataset_samples
 from .helpers import expected, write_dataset
 from .test_pack import make_tree
 
@@ -133,6 +133,30 @@ def test_webdataset_tars_in_a_bucket_are_indexed_in_place_and_streamed(
     got = list(StreamingDataset(url, cache_dir=tmp_path / "cache", range_size=4096))
     assert got == webdataset_samples(paths)
     assert verify_dataset(url).ok
+
+
+def test_gzip_tars_in_a_bucket_are_indexed_streamed_and_verified_whole(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _set_s3_env(monkeypatch, s3_bucket)
+    plain = wds_tars(tmp_path / "mine", shards=2, per=5)
+    reference = webdataset_samples(plain)
+    paths = gzipped(plain, ".tgz")
+    _upload(s3_bucket, tmp_path / "mine", "users/gz")
+    url = f"{s3_bucket.url.rstrip('/')}/users/gz"
+    manifest = index_dataset(url, workers=2)
+    assert [s.name for s in manifest.shards] == ["train/part-000.tgz", "train/part-001.tgz"]
+    assert all(s.ranges is None for s in manifest.shards)  # read whole: gzip has no ranges
+    got = list(StreamingDataset(url, cache_dir=tmp_path / "cache", range_size=4096))
+    assert got == reference
+    assert verify_dataset(url).ok
+    data = bytearray(paths[1].read_bytes())
+    data[len(data) // 2] ^= 1
+    s3_bucket.tier().put("users/gz/train/part-001.tgz", bytes(data))
+    [bad] = verify_dataset(url).mismatched
+    assert bad.name == "train/part-001.tgz"
+    with pytest.raises(ShardDamagedError, match=r"part-001\.tgz"):
+        list(StreamingDataset(url, cache_dir=tmp_path / "fresh"))
 
 
 def test_parquet_in_a_bucket_is_indexed_streamed_by_row_group_and_checked(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import tarfile
@@ -91,7 +92,8 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], str]] = {
         lambda: _tar(("a.jpg", b"x" * 10))[:1024] + b"garbage!" * 1216,
         "unreadable tar data from byte 1024",
     ),
-    "gzip-compressed": (lambda: gzip.compress(_tar(("a.jpg", b"x"))), "gzip-compressed"),
+    "gzip-compressed": (lambda: gzip.compress(_tar(("a.jpg", b"x"))), "name it .tar.gz"),
+    "bzip2-compressed": (lambda: bz2.compress(_tar(("a.jpg", b"x"))), "recompress it with gzip"),
     "not a tar at all": (lambda: b"hello world" * 100, "not a readable tar"),
     "only zeros": (lambda: bytes(10240), "no sample"),  # an empty archive
     "the same member twice": (lambda: _tar(("a.jpg", b"1"), ("a.jpg", b"2")), "twice"),

@@ -8,8 +8,9 @@
     mouthguard data ls DEST [--json]             # the datasets in DEST (or DEST itself)
     mouthguard data show DATASET [--json]        # one dataset and its shards or files
 
-``index`` adopts a dataset the user already has -- the ``*.tar`` (WebDataset) or
-``*.parquet`` files under SRC, left untouched -- by writing indexes and a
+``index`` adopts a dataset the user already has -- the ``*.tar`` (WebDataset;
+gzip-compressed ``*.tar.gz`` / ``*.tgz`` too) or ``*.parquet`` files under SRC,
+left untouched -- by writing indexes and a
 manifest beside them, in ``SRC/mouthguard-index/``; SRC is then a dataset like
 any packed one (``verify SRC``, ``StreamingDataset(SRC)``). Parquet needs
 pyarrow (``pip install 'mouthguard[parquet]'``).
@@ -104,8 +105,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     index = commands.add_parser(
         "index",
-        help="adopt an existing dataset in place: index its *.tar or *.parquet files",
-        description="Write indexes and a verified manifest beside the *.tar (WebDataset) or "
+        help="adopt an existing dataset in place: index its *.tar (.tar.gz, .tgz) or *.parquet",
+        description="Write indexes and a verified manifest beside the *.tar, *.tar.gz, *.tgz "
+        "(WebDataset) or "
         "*.parquet files under SRC, in SRC/mouthguard-index/, leaving the files untouched.",
         epilog="exit status: 0 indexed; 1 a file cannot be indexed (named: a hostile tar, "
         "not Parquet); 2 usage error (SRC is no directory, already indexed, holds no data "

@@ -12,6 +12,9 @@ What is adopted (``kind``; default: whatever SRC holds):
 
 * ``webdataset``: every ``*.tar`` under SRC, in sorted key order, each read
   once and parsed by ``tarfile`` as hostile input (:mod:`~mouthguard.data.tarscan`);
+  ``*.tar.gz`` and ``*.tgz`` too, inflated as they are read
+  (:mod:`~mouthguard.data.gztar`): their index counts offsets in the tar inside,
+  and they are verified whole (gzip cannot be read from the middle);
 * ``parquet``: every ``*.parquet`` under SRC, in sorted key order, each read
   once: footer, row-group byte ranges, and a sha256 of the file, its footer
   and every row group (:mod:`~mouthguard.data.pqindex`; needs pyarrow).
@@ -44,6 +47,7 @@ from typing import Literal, TypeVar
 from mouthguard.data import names
 from mouthguard.data.arrow import pyarrow_modules
 from mouthguard.data.dataset import manifest_key, resolve_keys
+from mouthguard.data.gztar import GzipError, gunzip
 from mouthguard.data.index import encode_index
 from mouthguard.data.location import Location, locate
 from mouthguard.data.manifest import (
@@ -80,7 +84,10 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["webdataset", "parquet"]
 _T = TypeVar("_T")
-SUFFIXES: dict[str, str] = {"webdataset": ".tar", "parquet": ".parquet"}
+SUFFIXES: dict[str, tuple[str, ...]] = {
+    "webdataset": names.TAR_SUFFIXES,
+    "parquet": (".parquet",),
+}
 
 
 def _default_name(src: object) -> str:
@@ -110,7 +117,7 @@ def _listing(location: Location) -> list[str]:
     return found
 
 
-def _unseen_local(root: Path, suffix: str) -> list[str]:
+def _unseen_local(root: Path, suffix: tuple[str, ...]) -> list[str]:
     """Data files under a local ``root`` the tier does not list: links, names that are no keys."""
     unseen: list[str] = []
     for directory, dirs, files in os.walk(root):  # never follows a directory link
@@ -162,10 +169,27 @@ def data_files(location: Location, kind: str | None) -> tuple[str, list[str]]:
                 "_ . = + - (no spaces, no symbolic links) can be indexed in place"
             )
     if not found[kind]:
+        first, *others = SUFFIXES[kind]
+        nor = f" (nor {', '.join(others)})" if others else ""
         raise DatasetNotFoundError(
-            f"no {SUFFIXES[kind]} files under {location.describe()}: nothing to index"
+            f"no {first} files{nor} under {location.describe()}: nothing to index"
         )
+    if kind == "webdataset":
+        _refuse_shared_indexes(found[kind])
     return kind, found[kind]
+
+
+def _refuse_shared_indexes(paths: Sequence[str]) -> None:
+    """AdoptionError naming two tars whose index would be one file (``x.tar`` and ``x.tgz``)."""
+    seen: dict[str, str] = {}
+    for path in paths:
+        index_name = names.adopted_index_name(path)
+        other = seen.setdefault(index_name, path)
+        if other != path:
+            raise AdoptionError(
+                f"{other} and {path} would share the index {index_name}: keep one of them "
+                "(the same tar, compressed and not?) or rename the other"
+            )
 
 
 class _Indexer:
@@ -199,6 +223,8 @@ class _Indexer:
         chunks = read_ranges(
             tier, key, size, shard=path, range_size=self.range_size, parallel=self.parallel
         )
+        if names.is_gzip_tar(path):
+            return self._gzip_tar(path, size, (data for _, data in chunks))
         ranges = FixedRanges(DEFAULT_RANGE)  # the same bytes the scan hashes, in order
 
         def fed() -> Iterator[bytes]:
@@ -218,6 +244,35 @@ class _Indexer:
             len(scan.samples),
             IndexRecord(index_name, len(index), digest),
             RangeTable(DEFAULT_RANGE, ranges.digests()),
+        )
+        return record, {m.ext for s in scan.samples for m in s.members}
+
+    def _gzip_tar(
+        self, path: str, size: int, chunks: Iterator[bytes]
+    ) -> tuple[ShardRecord, set[str]]:
+        """A ``.tar.gz`` / ``.tgz``: hashed as stored, scanned as inflated; no range table."""
+        digest = hashlib.sha256()
+
+        def fed() -> Iterator[bytes]:
+            for data in chunks:
+                digest.update(data)
+                self.on_bytes(len(data))  # progress counts the file's bytes, not the tar's
+                yield data
+
+        try:
+            scan = scan_tar(gunzip(fed()), None, path)
+        except GzipError as exc:
+            raise AdoptionError(f"{path}: {exc}") from None
+        index = encode_index(path, scan.size, scan.samples)
+        index_name = names.adopted_index_name(path)
+        self.put(self.index_location.key(names.SHARDS_DIR, index_name), index)
+        record = ShardRecord(
+            path,
+            size,
+            digest.hexdigest(),
+            len(scan.samples),
+            IndexRecord(index_name, len(index), hashlib.sha256(index).hexdigest()),
+            None,  # gzip cannot be range-read: verified whole
         )
         return record, {m.ext for s in scan.samples for m in s.members}
 

@@ -128,7 +128,9 @@ def check_index(shard: ShardRecord, raw: bytes, *, adopted: bool = False) -> Sha
         raise ShardDamagedError(
             f"shard {shard.name}: index sha256 does not match the manifest", shard=shard.name
         )
-    return parse_index(raw, shard=shard.name, size=shard.size, count=shard.samples, adopted=adopted)
+    # A gzip-compressed shard's index counts in the tar inside: the index states its size.
+    size = None if names.is_gzip_tar(shard.name) else shard.size
+    return parse_index(raw, shard=shard.name, size=size, count=shard.samples, adopted=adopted)
 
 
 def manifest_key(location: Location) -> str | None:

@@ -185,16 +185,19 @@ class _Parser:
 
 
 def parse_index(
-    raw: bytes, *, shard: str, size: int, count: int, adopted: bool = False
+    raw: bytes, *, shard: str, size: int | None, count: int, adopted: bool = False
 ) -> ShardIndex:
     """Parse and validate the index of ``shard`` (``size`` bytes, ``count`` samples).
 
     ``adopted``: the shard is a user's tar (see the module docstring).
+    ``size`` None: the tar's size is the index's own (a gzip-compressed shard:
+    the manifest records the compressed file's; the inflated tar must then be
+    as long as its index says, :func:`~mouthguard.data.gztar.unpack`).
 
     Raises:
         ShardDamagedError: anything at all is wrong; the message names the shard.
     """
-    parser = _Parser(shard, size, adopted)
+    parser = _Parser(shard, 0 if size is None else size, adopted)
     try:
         body = loads_strict(raw, max_depth=_MAX_DEPTH)
     except FormatError as exc:
@@ -204,6 +207,11 @@ def parse_index(
         raise parser.fail(f"must be an object with exactly the members {sorted(expected)}")
     if body["format"] != INDEX_FORMAT or body["version"] != INDEX_VERSION:
         raise parser.fail(f"is not a {INDEX_FORMAT} version {INDEX_VERSION}")
+    if size is None:
+        own = body["size"]
+        if type(own) is not int or own < tarfmt.BLOCK:
+            raise parser.fail(f"states a size of {own!r:.20} bytes")
+        size = parser.size = own
     if body["shard"] != shard or body["size"] != size:
         raise parser.fail(
             f"describes {body['shard']!r:.80} of {body['size']!r:.20} bytes, "

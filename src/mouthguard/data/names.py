@@ -56,16 +56,35 @@ def index_name(shard: str) -> str:
     return shard.removesuffix(".tar") + _INDEX_SUFFIX
 
 
+#: What an adopted tar's name ends with: plain, or gzip-compressed (read as a stream).
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+#: The gzip-compressed ones among them.
+GZIP_SUFFIXES = (".tar.gz", ".tgz")
+
+
+def is_gzip_tar(path: str) -> bool:
+    """Whether the adopted tar ``path`` is gzip-compressed (by its name: ``.tar.gz``, ``.tgz``)."""
+    return path.endswith(GZIP_SUFFIXES)
+
+
 def adopted_index_name(path: str) -> str:
-    """The index name of an adopted tar ``path`` (``a/x.tar`` -> ``a/x.index.json``)."""
+    """The index name of an adopted tar ``path`` (``a/x.tar``, ``a/x.tgz`` -> ``a/x.index.json``).
+
+    ``x.tar`` and ``x.tar.gz`` side by side share it: :func:`~mouthguard.data.adopt.index_dataset`
+    refuses that pair by name.
+    """
+    for suffix in GZIP_SUFFIXES:
+        if path.endswith(suffix):
+            return path.removesuffix(suffix) + _INDEX_SUFFIX
     return path.removesuffix(".tar") + _INDEX_SUFFIX
 
 
-def check_data_path(path: object, suffix: str) -> str:
+def check_data_path(path: object, suffix: str | tuple[str, ...]) -> str:
     """Return ``path`` if it may name a user's data file of an adopted dataset.
 
     Rules: a valid tier key (relative, ``/``-separated segments of a conservative
-    alphabet, no ``..``, no dot-prefixed segment), ending with ``suffix``, and not
+    alphabet, no ``..``, no dot-prefixed segment), ending with ``suffix`` (or one of
+    them) after at least one character, and not
     under :data:`INDEX_DIR` (which is ours).
 
     Raises:
@@ -74,8 +93,10 @@ def check_data_path(path: object, suffix: str) -> str:
     if not isinstance(path, str):
         raise InvalidKeyError(f"data file path {path!r:.80} is not a string")
     validate_key(path)
-    if not path.endswith(suffix) or len(path) == len(suffix):
-        raise InvalidKeyError(f"data file path {path!r:.80} does not end with {suffix!r}")
+    suffixes = (suffix,) if isinstance(suffix, str) else suffix
+    if not any(path.endswith(s) and len(path) > len(s) for s in suffixes):
+        shown = " or ".join(repr(s) for s in suffixes)
+        raise InvalidKeyError(f"data file path {path!r:.80} does not end with {shown}")
     if path.split("/", 1)[0] == INDEX_DIR:
         raise InvalidKeyError(f"data file path {path!r:.80} is under {INDEX_DIR}/, which is ours")
     return path

@@ -6,7 +6,9 @@ Two kinds of data file:
   index (:class:`IndexRecord`: name, size, sha256). A packed dataset's shards are
   ours, named ``shard-NNNNNN.tar`` and numbered from 0 in order; an adopted
   dataset's shards are the user's, named by their path relative to the dataset
-  (:func:`~mouthguard.data.names.check_data_path`), sorted and unique, each with
+  (:func:`~mouthguard.data.names.check_data_path`: ``.tar``, or gzip-compressed
+  ``.tar.gz`` / ``.tgz``, whose size and sha256 are the compressed file's and
+  whose index counts offsets in the tar inside), sorted and unique, each with
   the index named after it;
 * a **Parquet file** (:class:`ParquetRecord`): path, size, sha256, the byte range
   and sha256 of its footer (the Thrift metadata, its 4-byte length and ``PAR1``),
@@ -218,7 +220,9 @@ class Checker:
             raise self.fail(f"{what} must be a list of strings (at most 1024 characters each)")
         return tuple(str(v) for v in value)
 
-    def path(self, value: JsonValue, suffix: str, previous: str | None, what: str) -> str:
+    def path(
+        self, value: JsonValue, suffix: str | tuple[str, ...], previous: str | None, what: str
+    ) -> str:
         """``value`` if it is a data file path (see names) sorting after ``previous``."""
         try:
             path = names.check_data_path(value, suffix)
@@ -245,7 +249,7 @@ class Checker:
             allowed.add("ranges")
         obj = self.members(raw, allowed, f"shard {number}")
         if adopted:
-            name = self.path(obj["name"], ".tar", previous, f"shard {number}")
+            name = self.path(obj["name"], names.TAR_SUFFIXES, previous, f"shard {number}")
             index_name = names.adopted_index_name(name)
         else:
             name = names.shard_name(number)
@@ -260,7 +264,10 @@ class Checker:
         if not adopted and size % 10240:  # tarfile pads every archive to whole records
             raise self.fail(f"{where} size {size} is not a whole number of tar records")
         samples = self.count(obj["samples"], f"{where} samples", 1)
-        if samples > min(MAX_UNIT_SAMPLES, size // 512):  # a sample takes a header at least
+        # A sample takes a header at least -- of the tar, which a gzip-compressed
+        # shard holds in fewer bytes than its own.
+        room = MAX_UNIT_SAMPLES if names.is_gzip_tar(name) else min(MAX_UNIT_SAMPLES, size // 512)
+        if samples > room:
             raise self.fail(f"{where} claims {samples} samples: more than {size} bytes can hold")
         return ShardRecord(
             name,
@@ -272,8 +279,18 @@ class Checker:
                 self.count(index["size"], f"{where} index size", 1),
                 self.sha(index["sha256"], f"{where} index sha256"),
             ),
-            self.ranges(obj["ranges"], size, where) if "ranges" in obj else None,
+            self._ranges_of(obj, name, size, where),
         )
+
+    def _ranges_of(
+        self, obj: dict[str, JsonValue], name: str, size: int, where: str
+    ) -> RangeTable | None:
+        """The shard's range table, or None; a gzip stream has none (it cannot be range-read)."""
+        if "ranges" not in obj:
+            return None
+        if names.is_gzip_tar(name):
+            raise self.fail(f"{where} is gzip-compressed: it has no range table")
+        return self.ranges(obj["ranges"], size, where)
 
     def ranges(self, raw: JsonValue, file_size: int, where: str) -> RangeTable:
         """A range table that tiles a file of ``file_size`` bytes (see :class:`RangeTable`)."""

@@ -5,7 +5,9 @@ against the manifest's sha256 before any of its samples is read, or -- streamed
 from a remote tier with a range table -- range by range, a sample read only
 once every range it touches matched (:mod:`~mouthguard.data.streamed`); its
 index is checked and parsed as hostile input. A sample is then one read of its span,
-cut into members as the index says.
+cut into members as the index says. An adopted gzip-compressed shard
+(``.tar.gz``, ``.tgz``) is verified whole, then inflated once into a temporary
+file as it is opened (:mod:`~mouthguard.data.gztar`), and read from there.
 
 Packed shards are also checked member by member: each member's USTAR header must
 be where the index puts it and name the member, with its size
@@ -27,6 +29,7 @@ from typing import Any
 from mouthguard.data import names, tarfmt
 from mouthguard.data.cache import ShardFile
 from mouthguard.data.fetch import ShardSource
+from mouthguard.data.gztar import unpack
 from mouthguard.data.streamed import StreamedShard
 from mouthguard.errors import ShardDamagedError
 
@@ -41,8 +44,21 @@ class TarUnits:
         self.adopted = source.dataset.manifest.adopted
 
     def open_unit(self, number: int, *, must: bool) -> ShardFile | None:
-        """Shard ``number``, verified and open (None: no room for a prefetch)."""
-        return self.source.open_shard(number, must=must)
+        """Shard ``number``, verified and open (None: no room for a prefetch).
+
+        A gzip-compressed shard, verified whole, comes back as the tar inside it,
+        inflated into a temporary file of its own (:func:`~mouthguard.data.gztar.unpack`):
+        in the cache's directory, or without a cache the system's temporary one.
+        """
+        opened = self.source.open_shard(number, must=must)
+        if opened is None or not names.is_gzip_tar(opened.name):
+            return opened
+        try:
+            tar_size = self.source.index(number).size
+            directory = None if self.source.cache is None else str(self.source.cache.tmp)
+            return unpack(opened, tar_size, directory)
+        finally:
+            opened.close()  # the compressed file is not read again: unpinned now
 
     def read(
         self, opened: Mapping[int, ShardFile], units: Sequence[int], items: Sequence[int]

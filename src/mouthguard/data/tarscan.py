@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import sys
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ class TarScan:
 
     sha256: str
     samples: tuple[SampleEntry, ...]
+    #: The bytes read: the tar's size (a gzip-compressed shard's, once inflated).
+    size: int
 
 
 class _Stream(io.RawIOBase):
@@ -189,7 +192,7 @@ class _Grouper:
 
 def scan_tar(
     chunks: Iterable[bytes],
-    size: int,
+    size: int | None,
     name: str,
     *,
     on_bytes: Callable[[int], None] | None = None,
@@ -198,7 +201,9 @@ def scan_tar(
 
     Args:
         chunks: the file's bytes, front to back.
-        size: its size (every offset is checked against it).
+        size: its size (every offset is checked against it); None: not known
+            before the end (a tar inflated from gzip), every offset is then
+            checked against the bytes there turned out to be.
         name: its path, for messages.
         on_bytes: called with the size of each chunk as it is read (progress).
 
@@ -210,10 +215,11 @@ def scan_tar(
     stream = _Stream(chunks, on_bytes)
     grouper = _Grouper(name)
     end = 0
+    bound = size if size is not None else sys.maxsize
     try:
         tar = tarfile.open(fileobj=stream, mode="r|", encoding="utf-8")  # noqa: SIM115
         for info in tar:
-            _check_member(info, size, end, name)
+            _check_member(info, bound, end, name)
             grouper.add(info)
             end = _data_end(info)
             # tarfile keeps every member it read (typeshed omits the attribute); WebDataset
@@ -226,23 +232,29 @@ def scan_tar(
         raise AdoptionError(f"{name}: not a readable tar: {_why(stream, exc)}") from None
     grouper.flush()
     _check_end(stream, stopped, size, name)
+    if end > stream.position:  # only where the size was not known: checked per member otherwise
+        raise AdoptionError(
+            f"{name}: the last member's data runs past the end of the tar ({stream.position} bytes)"
+        )
     if not grouper.samples:
         raise AdoptionError(f"{name}: holds no sample WebDataset would yield")
-    return TarScan(stream.sha.hexdigest(), tuple(grouper.samples))
+    return TarScan(stream.sha.hexdigest(), tuple(grouper.samples), stream.position)
 
 
 def _why(stream: _Stream, exc: Exception) -> str:
     head = bytes(stream.head)
     for magic, kind in _COMPRESSED.items():
         if head.startswith(magic):
+            if kind == "gzip":
+                return "it is gzip-compressed: name it .tar.gz or .tgz to index it as such"
             return (
-                f"it is {kind}-compressed; only uncompressed tars can be indexed (members "
-                "must be addressable by byte offset)"
+                f"it is {kind}-compressed; only plain and gzip-compressed tars can be "
+                "indexed (recompress it with gzip, or store it uncompressed)"
             )
     return f"{type(exc).__name__}: {exc}"
 
 
-def _check_end(stream: _Stream, stopped: int, size: int, name: str) -> None:
+def _check_end(stream: _Stream, stopped: int, size: int | None, name: str) -> None:
     """Everything from where tarfile stopped to the end of the file must be zeros."""
     seen = stream.position - len(stream.tail)
     if stopped < seen:  # never: tarfile reads ahead by one buffer only
@@ -252,7 +264,7 @@ def _check_end(stream: _Stream, stopped: int, size: int, name: str) -> None:
     for piece in stream.rest():
         if any(piece):
             raise AdoptionError(_garbage(name, stopped))
-    if stream.position != size:
+    if size is not None and stream.position != size:
         raise AdoptionError(f"{name}: read {stream.position} bytes, expected {size}")
 
 

@@ -47,6 +47,7 @@ from typing import Literal
 from mouthguard.data import names, tarfmt
 from mouthguard.data.adopt import data_paths
 from mouthguard.data.dataset import Dataset, open_dataset
+from mouthguard.data.gztar import GzipError, gunzip
 from mouthguard.data.index import ShardIndex
 from mouthguard.data.location import Target
 from mouthguard.data.manifest import ParquetRecord, ShardRecord
@@ -208,23 +209,29 @@ def check_adopted_bytes(
     _check_size(dataset, key, shard.name, shard.size)
     chunks = read_ranges(dataset.location.tier, key, shard.size, shard=shard.name, **read)
     ranges = _range_hasher(shard)
+    digest = hashlib.sha256()  # the file's bytes as stored (compressed or not)
 
     def fed() -> Iterator[bytes]:  # the range sha256s of exactly the bytes the scan hashes
         for _, data in chunks:
+            digest.update(data)
             if ranges is not None:
                 ranges.feed(data)
             yield data
 
+    gzipped = names.is_gzip_tar(shard.name)
     try:
-        scan = scan_tar(fed(), shard.size, shard.name)
-    except AdoptionError as exc:
+        tar = gunzip(fed(), limit=index.size) if gzipped else fed()
+        scan = scan_tar(tar, None if gzipped else shard.size, shard.name)
+    except AdoptionError as exc:  # names the shard itself
         raise ShardDamagedError(str(exc), shard=shard.name) from None
+    except GzipError as exc:
+        raise ShardDamagedError(f"{shard.name}: {exc}", shard=shard.name) from None
     check_ranges(shard, ranges)
-    if scan.sha256 != shard.sha256:
+    if digest.hexdigest() != shard.sha256:
         raise ShardDamagedError(
             f"{shard.name}: sha256 does not match the manifest", shard=shard.name
         )
-    if scan.samples != index.samples:
+    if scan.samples != index.samples or scan.size != index.size:
         raise ShardDamagedError(
             f"{shard.name}: its index does not list the samples a tar reader finds",
             shard=shard.name,
