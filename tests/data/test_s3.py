@@ -48,7 +48,14 @@ def test_pack_to_s3_verify_and_stream_back(s3_bucket: S3Bucket, tmp_path: Path) 
     assert got == samples
 
 
-def test_s3_url_with_workers_and_a_private_cache(
+@pytest.fixture(autouse=True)
+def _user_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The per-user shard cache of a dataset without cache_dir: the test's, not the machine's."""
+    monkeypatch.setenv("MOUTHGUARD_CACHE_DIR", str(tmp_path / "user-cache"))
+    return tmp_path / "user-cache"
+
+
+def test_s3_url_with_workers_and_the_user_cache(
     s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An s3:// URL: settings from the environment; each worker opens its own connection."""
@@ -57,8 +64,8 @@ def test_s3_url_with_workers_and_a_private_cache(
     url = f"{s3_bucket.url.rstrip('/')}/ds"
     assert open_dataset(url).samples == N
     reference = [s["__key__"] for s in StreamingDataset(url, shuffle=True, batch_size=2)]
-    dataset = StreamingDataset(url, shuffle=True, batch_size=2)  # no cache_dir: a private one
-    assert dataset.cache_dir is not None and Path(dataset.cache_dir).is_dir()
+    dataset = StreamingDataset(url, shuffle=True, batch_size=2)  # no cache_dir: the user's
+    assert dataset.cache_dir == str(tmp_path / "user-cache")
     # A reader opens the bucket read-only: no probe objects written by every worker.
     assert getattr(dataset.dataset.location.tier, "read_only", None) is True
     loader = StreamingDataLoader(dataset, num_workers=2)
@@ -76,7 +83,7 @@ def test_s3_url_with_workers_and_a_private_cache(
     import gc  # noqa: PLC0415
 
     gc.collect()
-    assert not cache_dir.exists(), "the private cache goes with its dataset"
+    assert list((cache_dir / "blobs").iterdir()), "the user's cache outlives its dataset"
 
 
 @pytest.mark.timeout(120)  # the failure this guards against is a hang

@@ -28,11 +28,14 @@ Processes. The dataset is opened (manifest read and verified) where it is
 built; each DataLoader worker opens its own tier for a path or URL source, and
 uses the one given otherwise (a tier passed in must work in the workers, as a
 local tier does). Without ``cache_dir``, a local dataset is read in place and
-any other is cached in a temporary directory; a dataset read in place keeps
-the record of the parts that hashed right in a temporary directory shared by
-its workers (:mod:`~mouthguard.data.verified`), so each shard is hashed once,
-not once per worker and epoch. The building process removes either directory
-when the dataset is garbage-collected or at exit.
+any other is cached in the user's shard cache (``~/.cache/mouthguard/shards``,
+named in one line with its limit; :mod:`~mouthguard.data.scratch`), never
+silently under the system's temporary directory; a dataset read in place keeps
+the record of the parts that hashed right in a per-user directory shared by its
+workers and later runs (:mod:`~mouthguard.data.verified`), so each shard is
+hashed once, not once per worker and epoch. Where either per-user directory
+cannot be used, a temporary one is, and the building process removes it when
+the dataset is garbage-collected or at exit.
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ class StreamingDataset(IterableDataset[Any]):
         batch_size: the DataLoader's batch size: workers take whole batches in turn.
         shuffle_window: shards whose samples are permuted together (all open at once).
         cache_dir: a local directory for verified shards, shared by the processes
-            that name it; None: see the module docstring.
+            that name it; None: a local dataset is read in place, an S3 one cached
+            in the user's shard cache (see the module docstring).
         cache_limit: bytes the cache may hold (None: half its filesystem's free space).
             Each worker keeps ``shuffle_window`` shards open and ``prefetch`` more
             pinned: give the cache room for that many shards per worker, or readers
@@ -193,8 +197,9 @@ class StreamingDataset(IterableDataset[Any]):
         self._start: Any = None  # a persistent loader's shared start position (attach_start)
         self.verified_dir: str | None = None
         if cache_dir is None and not isinstance(self.dataset.location.tier, LocalTier):
-            cache_dir = default_shard_dir()  # warns if that is RAM
-            weakref.finalize(self, _remove_tree, cache_dir, os.getpid())
+            cache_dir, temporary = default_shard_dir(cache_limit)  # says where, and how much
+            if temporary:
+                weakref.finalize(self, _remove_tree, cache_dir, os.getpid())
         elif cache_dir is None:
             # Persistent where possible: a new process trusts what an earlier one hashed.
             self.verified_dir = default_verified_dir()
