@@ -187,6 +187,22 @@ def test_index_webdataset_tars_then_verify_show_and_ls(
     code, out, err = run(capsys, "index", str(tmp_path / "mine"))
     assert code == 2  # already indexed: nothing to adopt
     assert "indexing" not in err  # refused before any byte was read: no bar drawn
+    assert f"mouthguard data index --again {tmp_path / 'mine'}" in err  # says how
+
+
+def test_index_again_after_a_file_changed_as_verify_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = wds_tars(tmp_path / "mine", shards=2, per=4)
+    assert run(capsys, "index", str(tmp_path / "mine"))[0] == 0
+    paths[1].write_bytes(paths[0].read_bytes())
+    code, out, _ = run(capsys, "verify", str(tmp_path / "mine"))
+    assert code == 1 and "MISMATCH train/part-001.tar" in out
+    hint = f"mouthguard data index --again {tmp_path / 'mine'}"
+    assert f"changed on purpose, index them again: {hint}" in out
+    code, out, _ = run(capsys, "index", str(tmp_path / "mine"), "--again")
+    assert code == 0 and "indexed 8 samples in 2 webdataset files" in out
+    assert run(capsys, "verify", str(tmp_path / "mine"))[0] == 0
 
 
 def test_index_parquet_json_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -214,6 +230,7 @@ def test_verify_reports_an_unlisted_file_and_exits_1(
     (tmp_path / "text" / "data" / "late.parquet").write_bytes(paths[0].read_bytes())
     code, out, _ = run(capsys, "verify", str(tmp_path / "text"))
     assert code == 1 and "UNLISTED data/late.parquet" in out and "1 unlisted" in out
+    assert f"to include it: mouthguard data index --again {tmp_path / 'text'}" in out
     code, out, _ = run(capsys, "verify", str(tmp_path / "text"), "--json")
     statuses = {x["shard"]: x["status"] for x in map(json.loads, out.splitlines())}
     assert code == 1 and statuses["data/late.parquet"] == "unlisted"

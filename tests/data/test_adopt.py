@@ -90,12 +90,33 @@ def test_an_indexed_or_packed_dataset_is_not_adopted_again(
     root, _ = tars
     index_dataset(root)
     with pytest.raises(
-        DatasetExistsError, match=r"already indexed .*delete .*mouthguard-index/ first"
+        DatasetExistsError, match=r"already indexed .*mouthguard data index --again .*mine"
     ):
         index_dataset(root)
     write_dataset(tmp_path, "packed", n=3)
     with pytest.raises(DatasetExistsError, match="packed dataset"):
         index_dataset(tmp_path / "packed")
+    with pytest.raises(DatasetExistsError, match="packed dataset"):
+        index_dataset(tmp_path / "packed", again=True)
+    assert open_dataset(tmp_path / "packed").samples == 3  # again never touches a packed one
+
+
+def test_index_again_takes_in_added_and_changed_files(tars: tuple[Path, list[Path]]) -> None:
+    root, paths = tars
+    first = index_dataset(root)
+    paths[0].write_bytes(paths[1].read_bytes())  # changed
+    (root / "train" / "part-009.tar").write_bytes(paths[2].read_bytes())  # added
+    assert not verify_dataset(root).ok
+    with pytest.raises(
+        ShardDamagedError, match=r"changed on purpose: mouthguard data index --again"
+    ):
+        list(StreamingDataset(root))
+    before = _snapshot(root)
+    again = index_dataset(root, again=True)
+    assert _snapshot(root) == before, "only mouthguard-index/ is rewritten"
+    assert again.samples == first.samples + 7 and again.fingerprint != first.fingerprint
+    assert verify_dataset(root).ok
+    assert [s["__key__"] for s in StreamingDataset(root)][:1] == ["deep/" * 30 + "s1_0000"]
 
 
 def test_a_failure_leaves_nothing_and_debris_is_refused_until_discarded(
@@ -114,10 +135,15 @@ def test_a_failure_leaves_nothing_and_debris_is_refused_until_discarded(
     debris.parent.mkdir(parents=True, exist_ok=True)
     debris.write_bytes(b"{}")  # what a run killed after its first index leaves
     bad.write_bytes(good)
-    with pytest.raises(DatasetExistsError, match="discard_incomplete"):
+    with pytest.raises(DatasetExistsError, match=r"index --again .*discard_incomplete"):
         index_dataset(root)
     assert discard_incomplete(root, "mouthguard-index") == 1
     assert index_dataset(root).samples == sum(1 for _ in StreamingDataset(root))
+    stale = root / "mouthguard-index" / "shards" / "gone" / "old.index.json"
+    stale.parent.mkdir()
+    stale.write_bytes(b"{}")  # beside a committed index: --again clears both
+    assert index_dataset(root, again=True).samples == sum(1 for _ in StreamingDataset(root))
+    assert not stale.exists()
 
 
 def test_what_to_index(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 ::
 
     mouthguard data pack SRC DEST [--name N] [--shard-size BYTES] [--json]
-    mouthguard data index SRC [--name N] [--kind webdataset|parquet] [--json]
+    mouthguard data index SRC [--name N] [--kind webdataset|parquet] [--again] [--json]
     mouthguard data verify DATASET [--json]      # exit 1 naming every damaged shard
     mouthguard data ls DEST [--json]             # the datasets in DEST (or DEST itself)
     mouthguard data show DATASET [--json]        # one dataset and its shards or files
@@ -110,8 +110,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "(WebDataset) or "
         "*.parquet files under SRC, in SRC/mouthguard-index/, leaving the files untouched.",
         epilog="exit status: 0 indexed; 1 a file cannot be indexed (named: a hostile tar, "
-        "not Parquet); 2 usage error (SRC is no directory, already indexed, holds no data "
-        "files of the kind or both kinds without --kind, or Parquet without pyarrow)",
+        "not Parquet); 2 usage error (SRC is no directory, already indexed without --again, "
+        "holds no data files of the kind or both kinds without --kind, or Parquet without "
+        "pyarrow)",
     )
     index.add_argument("src", help=f"the dataset's files: {where}")
     index.add_argument("--name", help="the dataset's name (default: SRC's last part)")
@@ -119,6 +120,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--kind",
         choices=("webdataset", "parquet"),
         help="which files to index (default: whichever SRC holds)",
+    )
+    index.add_argument(
+        "--again",
+        action="store_true",
+        help="index SRC again (files added or changed): replaces SRC/mouthguard-index/, "
+        "never the data files",
     )
     index.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -274,7 +281,9 @@ class _LazyBar:
 
 def _index(args: argparse.Namespace, console: Console, err: Console) -> int:
     with _LazyBar("indexing", err, transient=args.json) as bar:
-        manifest = index_dataset(args.src, name=args.name, kind=args.kind, progress=bar.update)
+        manifest = index_dataset(
+            args.src, name=args.name, kind=args.kind, progress=bar.update, again=args.again
+        )
     dataset = open_at(locate(args.src), resolve_keys(None))
     if args.json:
         print(json.dumps(summary(dataset)))
@@ -307,10 +316,8 @@ def _verify(args: argparse.Namespace, console: Console, err: Console) -> int:
         console.print(f"{mark} {escape(check.name)}{why}", highlight=False, soft_wrap=True)
 
     report = verify_dataset(args.dataset, on_shard=line, workers=2)
-    why = (
-        "not in the manifest: the loader does not read it (to include it, delete the "
-        "dataset's mouthguard-index/ and run mouthguard data index again)"
-    )
+    again = f"mouthguard data index --again {args.dataset}"
+    why = f"not in the manifest: the loader does not read it (to include it: {again})"
     for path in report.unlisted:
         if args.json:
             print(json.dumps({"shard": path, "status": "unlisted", "reason": why}))
@@ -335,6 +342,12 @@ def _verify(args: argparse.Namespace, console: Console, err: Console) -> int:
             highlight=False,
             soft_wrap=True,
         )
+        if report.mismatched and report.dataset.manifest.adopted:
+            console.print(
+                f"if those files were changed on purpose, index them again: {escape(again)}",
+                highlight=False,
+                soft_wrap=True,
+            )
     return EXIT_OK if report.ok else EXIT_FAILED
 
 

@@ -299,26 +299,39 @@ class _Indexer:
                 log.warning("could not remove %s after a failed index: %s", key, exc)
 
 
-def _refuse_existing(location: Location) -> None:
+def _refuse_existing(location: Location, *, again: bool) -> None:
+    """Refuse a packed dataset; an indexed one or the debris of a run, unless ``again``.
+
+    ``again``: remove what ``mouthguard-index/`` holds first -- the manifest
+    before the indexes, so a reader meanwhile finds no dataset rather than one
+    whose indexes are going.
+    """
     found = manifest_key(location)
-    if found is not None:
-        if names.INDEX_DIR in found:
-            where = location.child(names.INDEX_DIR).describe()
-            raise DatasetExistsError(
-                f"{location.describe()} is already indexed ({found}): to index it again "
-                f"(files added or changed), delete {where}/ first -- only the indexes "
-                "and the manifest live there; the data files are not touched"
-            )
+    index_dir = location.child(names.INDEX_DIR)
+    if found is not None and names.INDEX_DIR not in found:
         raise DatasetExistsError(
             f"{location.describe()} is a packed dataset ({found}): nothing to adopt"
         )
-    index_dir = location.child(names.INDEX_DIR)
+    if again:
+        if found is not None:
+            location.tier.delete(found)
+        removed = location.tier.delete_prefix(index_dir.prefix + "/")
+        log.info("index again: removed %d objects under %s", removed, index_dir.describe())
+        return
+    if found is not None:
+        raise DatasetExistsError(
+            f"{location.describe()} is already indexed ({found}): to index it again (files "
+            f"added or changed), run mouthguard data index --again {location.describe()} "
+            f"(index_dataset(..., again=True)); it replaces only {index_dir.describe()}/ -- "
+            "the indexes and the manifest; the data files are not touched"
+        )
     debris = next(iter(location.tier.list(index_dir.prefix + "/")), None)
     if debris is not None:
         raise DatasetExistsError(
             f"{index_dir.describe()} holds indexes of an unfinished index run (e.g. {debris}): "
-            "another run is at work, or one failed; remove them with "
-            f"mouthguard.data.discard_incomplete(SRC, {names.INDEX_DIR!r}) to index again"
+            "another run is at work, or one failed; if none is at work, run mouthguard data "
+            f"index --again {location.describe()} (or remove them with "
+            f"mouthguard.data.discard_incomplete(SRC, {names.INDEX_DIR!r}))"
         )
 
 
@@ -330,6 +343,7 @@ def index_dataset(
     signing_key: KeySpec | None = None,
     workers: int = 2,
     progress: Callable[[int], None] | None = None,
+    again: bool = False,
 ) -> DatasetManifest:
     """Index the dataset the user has at ``src`` in place; return the committed manifest.
 
@@ -342,22 +356,29 @@ def index_dataset(
             one, the manifest is signed.
         workers: files read at once (each with several concurrent range reads).
         progress: called with the bytes read so far, as they are read.
+        again: index a dataset indexed before (its files added or changed) or the
+            debris of an unfinished run: what ``mouthguard-index/`` holds is removed
+            first (never the data files). Only when no other index run is at work
+            there. Removed, it stays removed if this run then fails (run it again).
 
     Raises:
         DatasetNotFoundError: ``src`` is not a directory, or holds no data files.
         ValueError: ``src`` holds both kinds and ``kind`` does not say which.
-        DatasetExistsError: ``src`` is already indexed, a packed dataset, or holds
-            the debris of an unfinished index run.
+        DatasetExistsError: ``src`` is a packed dataset; or, without ``again``,
+            already indexed or holding the debris of an unfinished index run.
         AdoptionError: a data file cannot be indexed as it is (names it and why).
         MissingDependencyError: Parquet, and pyarrow is not installed.
     """
     location = locate(src, write=True)  # a local path that is not a directory: DatasetNotFoundError
     dataset_name = validate_segment(name) if name is not None else _default_name(src)
     keys = resolve_keys(signing_key)
-    _refuse_existing(location)
+    if not again:
+        _refuse_existing(location, again=False)
     found_kind, paths = data_files(location, kind)
     if found_kind == "parquet":
         pyarrow_modules()  # without it: one line saying what to install, before any read
+    if again:  # the old index goes only once what to index is known to be there
+        _refuse_existing(location, again=True)
     indexer = _Indexer(location, progress)
     try:
         raw = _index(indexer, found_kind, paths, dataset_name, keys=keys, workers=workers)

@@ -249,16 +249,28 @@ class ShardSource:
             ShardDamagedError: the file or the bytes do not match the manifest (names them).
             TierError: they could not be read.
         """
-        if self.cache is None:
-            return self._open_in_place(key, part)
-        return self.cache.open(
-            part.sha256,
-            part.size,
-            lambda fd: self._download(key, part, fd),
-            name=part.name,
-            must=must,
-            what=part.what,
-        )
+        try:
+            if self.cache is None:
+                return self._open_in_place(key, part)
+            return self.cache.open(
+                part.sha256,
+                part.size,
+                lambda fd: self._download(key, part, fd),
+                name=part.name,
+                must=must,
+                what=part.what,
+            )
+        except ShardDamagedError as exc:
+            if not self.dataset.manifest.adopted:
+                raise
+            # An adopted dataset's files are the user's: changed on purpose more often than
+            # damaged. Say how to take the change in (the message alone crosses to the parent).
+            where = self.dataset.location.describe()
+            raise ShardDamagedError(
+                f"{exc} (if the file was changed on purpose: mouthguard data index --again "
+                f"{where})",
+                shard=exc.shard,
+            ) from None
 
     def _open_in_place(self, key: str, part: Part) -> ShardFile:
         tier = self.dataset.location.tier
