@@ -279,6 +279,19 @@ def test_pack_names_a_refused_file_before_any_progress(
     assert code == 0 and "packed 5 samples" in out
 
 
+def test_pack_errors_found_before_the_first_sample_are_printed_without_a_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "pack", str(tmp_path / "missing"), str(tmp_path / "out"))
+    assert code != 0 and "not a directory" in err and "packing" not in err
+    make_tree(tmp_path / "src", n=2)
+    assert run(capsys, "pack", str(tmp_path / "src"), str(tmp_path / "out"))[0] == 0
+    code, _, err = run(capsys, "pack", str(tmp_path / "src"), str(tmp_path / "out"))
+    assert code == 2 and "already committed" in err and "packing" not in err
+    code, _, err = run(capsys, "verify", str(tmp_path / "nothing"))
+    assert code == 2 and err.startswith("error: ")
+
+
 def test_verify_on_a_folder_of_datasets_names_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

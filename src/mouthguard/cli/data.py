@@ -227,15 +227,15 @@ def _pack(args: argparse.Namespace, console: Console, err: Console) -> int:
     lowercase = args.lowercase_extensions
     # Walks and checks the whole tree first: a refused file is named before any bar is drawn.
     total = source_bytes(src, lowercase_extensions=lowercase) if src.is_dir() else 0
-    columns = (TextColumn("packing"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, console=err, transient=args.json) as bar:
-        task = bar.add_task("pack", total=total)
+    # Drawn at the first sample packed: a missing SRC or a DEST/NAME already taken
+    # is reported alone, not under an empty bar.
+    with _LazyBar("packing", err, transient=args.json, total=total) as bar:
         manifest = pack(
             src,
             args.dest,
             name,
             shard_size=args.shard_size,
-            progress=lambda done: bar.update(task, completed=done),
+            progress=bar.update,
             lowercase_extensions=lowercase,
         )
     dataset = open_at(locate(args.dest).child(name), resolve_keys(None))
@@ -259,16 +259,19 @@ class _LazyBar:
     data files) prints alone, not under an empty bar.
     """
 
-    def __init__(self, label: str, console: Console, *, transient: bool) -> None:
+    def __init__(
+        self, label: str, console: Console, *, transient: bool, total: int | None = None
+    ) -> None:
         columns = (TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn())
         self._bar = Progress(*columns, console=console, transient=transient)
         self._task: TaskID | None = None
+        self._total = total
 
     def update(self, done: int) -> None:
         """Show ``done`` bytes (drawing the bar the first time)."""
         if self._task is None:
             self._bar.start()
-            self._task = self._bar.add_task("work", total=None)
+            self._task = self._bar.add_task("work", total=self._total)
         self._bar.update(self._task, completed=done)
 
     def __enter__(self) -> _LazyBar:
