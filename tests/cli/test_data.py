@@ -301,7 +301,11 @@ def test_verify_on_a_folder_of_datasets_names_them(
             capsys, "pack", str(tmp_path / "src"), str(tmp_path / "all"), "--name", name
         )
         assert code == 0
+    wds_tars(tmp_path / "all" / "three", shards=1, per=2)
+    assert run(capsys, "index", str(tmp_path / "all" / "three"))[0] == 0  # adopted: named too
     code, _, err = run(capsys, "verify", str(tmp_path / "all"))
     assert code == 2
-    assert "holds 2 dataset(s): one, two" in err
+    assert "holds 3 dataset(s): one, three, two" in err
     assert f"mouthguard data verify {tmp_path / 'all'}/one" in err
+    code, _, err = run(capsys, "show", str(tmp_path / "all"))
+    assert code == 2 and f"mouthguard data show {tmp_path / 'all'}/one" in err
