@@ -119,7 +119,10 @@ class Runner:
         self.shard_size = parse_size(args.shard_size)
         self.cache = CacheDrop()
         self.opens_problem = opens.problem(root / "opens-probe")
-        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # The repository first, then what the parent had: a parent run with this checkout's
+        # src/ on its PYTHONPATH measures this checkout, not whichever one is installed.
+        path = [str(REPO), os.environ.get("PYTHONPATH", "")]
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         self.failed: dict[str, str] = {}  # reader -> why its data could not be written
         self.setup: list[report.SetupRow] = []
         self.results: list[CellResult] = []
