@@ -79,3 +79,23 @@ def test_json_problem_of_python_values(value: object, why: str) -> None:
 
 def test_json_problem_accepts_strict_json() -> None:
     assert json_problem({"a": [1, 2.5, "s", None, True, {"b": []}]}, 4) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"\\udfff": 1}', '[[{"a": ["\\ud800"]}]]', '["\ud800"]', '{"k\udc00": 0}'],
+    ids=["escaped key", "escaped deep", "raw string", "raw key"],
+)
+def test_a_lone_surrogate_is_found_wherever_it_is_and_however_it_came(text: str) -> None:
+    """Strings are checked when the text holds a \\u escape or a surrogate (skipped otherwise)."""
+    with pytest.raises(StrictJsonError, match="lone surrogate"):
+        parse(text, max_depth=8)
+
+
+def test_escaped_pairs_and_plain_text_parse() -> None:
+    assert parse('["\\ud83d\\ude00", {"\\u00e9": [1.5, null]}]', max_depth=3) == [
+        "\U0001f600",
+        {"é": [1.5, None]},
+    ]
+    assert json_problem(["\udc00"], 2, strings=False) is None  # the caller vouched for strings
+    assert json_problem([math.inf], 2, strings=False) == "non-finite number inf"

@@ -92,6 +92,9 @@ class Units(Opener[Closeable], Protocol):
     ) -> Iterator[Sample]:
         """Item ``items[i]`` of unit ``units[i]`` for each ``i``, in order; all are open."""
 
+    def warm(self, units: Sequence[int]) -> None:
+        """Start what reading ``units`` will need first, in the background (may do nothing)."""
+
     def close(self) -> None:
         """Release what reading needed (after every unit is closed)."""
 
@@ -329,6 +332,7 @@ class StreamingDataset(IterableDataset[Any]):
                     return
                 ahead.append(plan)
                 prefetcher.announce(plan.shards)
+                units.warm(plan.shards)  # indexes fetched while the shards open
 
         opened: dict[int, Closeable] = {}
         try:

@@ -24,24 +24,55 @@ compares -- so the reader takes the verified index as it is.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from mouthguard.data import names, tarfmt
 from mouthguard.data.cache import ShardFile
 from mouthguard.data.fetch import ShardSource
 from mouthguard.data.gztar import unpack
+from mouthguard.data.index import ShardIndex
 from mouthguard.data.streamed import StreamedShard
 from mouthguard.errors import ShardDamagedError
 
 Sample = dict[str, Any]
 
 
+#: Indexes fetched and parsed at once ahead of the reader (a shuffle window's, typically).
+INDEX_THREADS = 4
+
+
 class TarUnits:
-    """Shards as the loader's units: open one (verified), read samples of the open ones."""
+    """Shards as the loader's units: open one (verified), read samples of the open ones.
+
+    Indexes of announced shards (:meth:`warm`) are fetched and parsed on at most
+    :data:`INDEX_THREADS` threads while the shards are opened, rather than one
+    after another when their first sample is read: a shuffled block's first
+    samples need every index of its window. Their failures surface where the
+    reader asks for the index.
+    """
 
     def __init__(self, source: ShardSource) -> None:
         self.source = source
         self.adopted = source.dataset.manifest.adopted
+        self._pool: ThreadPoolExecutor | None = None
+        #: Announced, not yet asked for: at most the announced units not yet read.
+        self._pending: dict[int, Future[ShardIndex]] = {}
+
+    def warm(self, units: Sequence[int]) -> None:
+        """Start fetching and parsing the indexes of ``units`` in the background."""
+        for unit in units:
+            if unit in self._pending:
+                continue
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(INDEX_THREADS, thread_name_prefix="index")
+            self._pending[unit] = self._pool.submit(self.source.index, unit)
+
+    def _index(self, unit: int) -> ShardIndex:
+        pending = self._pending.pop(unit, None)
+        if pending is not None:
+            return pending.result()  # its error, if any, is raised here, in the reader
+        return self.source.index(unit)
 
     def open_unit(self, number: int, *, must: bool) -> ShardFile | None:
         """Shard ``number``, verified and open (None: no room for a prefetch).
@@ -54,7 +85,7 @@ class TarUnits:
         if opened is None or not names.is_gzip_tar(opened.name):
             return opened
         try:
-            tar_size = self.source.index(number).size
+            tar_size = self._index(number).size
             directory = None if self.source.cache is None else str(self.source.cache.tmp)
             return unpack(opened, tar_size, directory)
         finally:
@@ -69,7 +100,11 @@ class TarUnits:
             yield self._sample(opened[unit], unit, number)
 
     def close(self) -> None:
-        """Stop the source's range reads (every shard opened from it is closed)."""
+        """Stop the index reads and the source's range reads (every shard is closed)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._pending.clear()
         self.source.close()
 
     def _ask_ahead(
@@ -91,14 +126,14 @@ class TarUnits:
             file = streaming.get(unit)
             if file is None:
                 continue
-            entry = self.source.index(unit).samples[number]
+            entry = self._index(unit).samples[number]
             fresh = [k for k in file.ranges_of(entry.offset, entry.length) if k not in asked[unit]]
             if fresh:
                 asked[unit].update(fresh)
                 file.want(fresh)
 
     def _sample(self, file: ShardFile, unit: int, number: int) -> Sample:
-        entry = self.source.index(unit).samples[number]
+        entry = self._index(unit).samples[number]
         span = memoryview(file.read(entry.offset, entry.length))
         sample: Sample = {"__key__": entry.key}
         for member in entry.members:

@@ -21,6 +21,7 @@ import json
 import math
 import re
 import reprlib
+from collections.abc import Iterable
 from typing import NoReturn, TypeAlias
 
 JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
@@ -67,31 +68,65 @@ def _leaf_problem(item: object) -> str | None:
     return f"{type_name(item)} is not a JSON type"
 
 
-def json_problem(value: object, max_depth: int) -> str | None:
-    """Return why ``value`` is not strict JSON nested at most ``max_depth`` deep, or None.
+def json_problem(value: object, max_depth: int, *, strings: bool = True) -> str | None:
+    r"""Return why ``value`` is not strict JSON nested at most ``max_depth`` deep, or None.
 
     Types are matched exactly (a ``bool`` subclass or a ``tuple`` is not JSON).
     Iterative, so hostile depth cannot exhaust the interpreter stack.
+    ``strings=False`` skips the lone-surrogate check of strings, for a value
+    :func:`parse` made of a text that holds neither a surrogate nor a ``\u``
+    escape, so none of its strings can hold one.
     """
     stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if type(item) is list:
-            if depth >= max_depth:
-                return deeper_than(max_depth)
-            stack.extend((child, depth + 1) for child in item)
+            children: Iterable[object] = item
+            problem = None
         elif type(item) is dict:
-            if depth >= max_depth:
-                return deeper_than(max_depth)
-            for key, child in item.items():
-                problem = _leaf_problem(key) if type(key) is str else "object key is not a string"
-                if problem is not None:
-                    return problem
-                stack.append((child, depth + 1))
+            children = item.values()
+            problem = _keys_problem(item, strings=strings)
         else:
             problem = _leaf_problem(item)
             if problem is not None:
                 return problem
+            continue
+        if problem is None and depth >= max_depth:
+            problem = deeper_than(max_depth)
+        if problem is None:
+            problem = _children_problem(children, stack, depth + 1, strings=strings)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _keys_problem(item: dict[object, object], *, strings: bool) -> str | None:
+    for key in item:
+        if type(key) is not str:
+            return "object key is not a string"
+        if strings and _SURROGATE.search(key) is not None:
+            return _leaf_problem(key)
+    return None
+
+
+def _children_problem(
+    children: Iterable[object], stack: list[tuple[object, int]], depth: int, *, strings: bool
+) -> str | None:
+    """Check the leaves among ``children``; push the containers (at ``depth``).
+
+    Leaves are checked here rather than pushed: an index holds thousands of them.
+    """
+    for child in children:
+        if type(child) is list or type(child) is dict:
+            stack.append((child, depth))
+        elif type(child) is str:
+            if strings and _SURROGATE.search(child) is not None:
+                return _leaf_problem(child)
+        elif type(child) is float:
+            if not math.isfinite(child):
+                return _leaf_problem(child)
+        elif not (child is None or type(child) is int or type(child) is bool):
+            return _leaf_problem(child)
     return None
 
 
@@ -181,7 +216,9 @@ def parse(
         raise StrictJsonError(str(exc)) from None
     except RecursionError:  # the C parser recurses; its limit is far above any max_depth
         raise StrictJsonError(deeper_than(max_depth)) from None
-    problem = json_problem(value, max_depth)
+    # A lone surrogate can only come from the text itself or a \\u escape in it.
+    strings = "\\u" in data or _SURROGATE.search(data) is not None
+    problem = json_problem(value, max_depth, strings=strings)
     if problem is not None:
         raise StrictJsonError(problem)
     return value
