@@ -23,6 +23,7 @@ compares -- so the reader takes the verified index as it is.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -40,6 +41,10 @@ Sample = dict[str, Any]
 
 #: Indexes fetched and parsed at once ahead of the reader (a shuffle window's, typically).
 INDEX_THREADS = 4
+#: Announced indexes kept until asked for. A unit of a block this worker reads no sample
+#: of is never asked for: past the bound the oldest is forgotten (and its parse, if
+#: done, is in the source's bounded memo anyway).
+_MAX_PENDING = 64
 
 
 class TarUnits:
@@ -56,20 +61,25 @@ class TarUnits:
         self.source = source
         self.adopted = source.dataset.manifest.adopted
         self._pool: ThreadPoolExecutor | None = None
-        #: Announced, not yet asked for: at most the announced units not yet read.
+        #: Announced, not yet asked for, oldest first (at most _MAX_PENDING).
         self._pending: dict[int, Future[ShardIndex]] = {}
+        self._lock = threading.Lock()  # the reader and the prefetch thread both ask
 
     def warm(self, units: Sequence[int]) -> None:
         """Start fetching and parsing the indexes of ``units`` in the background."""
-        for unit in units:
-            if unit in self._pending:
-                continue
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(INDEX_THREADS, thread_name_prefix="index")
-            self._pending[unit] = self._pool.submit(self.source.index, unit)
+        with self._lock:
+            for unit in units:
+                if unit in self._pending:
+                    continue
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(INDEX_THREADS, thread_name_prefix="index")
+                self._pending[unit] = self._pool.submit(self.source.index, unit)
+                while len(self._pending) > _MAX_PENDING:
+                    self._pending.pop(next(iter(self._pending))).cancel()
 
     def _index(self, unit: int) -> ShardIndex:
-        pending = self._pending.pop(unit, None)
+        with self._lock:
+            pending = self._pending.pop(unit, None)
         if pending is not None:
             return pending.result()  # its error, if any, is raised here, in the reader
         return self.source.index(unit)
@@ -104,7 +114,8 @@ class TarUnits:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        self._pending.clear()
+        with self._lock:
+            self._pending.clear()
         self.source.close()
 
     def _ask_ahead(
