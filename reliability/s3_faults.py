@@ -49,7 +49,7 @@ from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError, ObjectNotFoundError, TierError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.jobs.replicator import Replicator
-from mouthguard.tiers.base import Tier
+from mouthguard.tiers.base import OPERATIONS, Tier
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.s3 import S3Tier
 from reliability.record import HarnessResult, Level
@@ -73,23 +73,9 @@ TIMEOUT_DELAY = 1.5
 MAX_CATCH_UP_PASSES = 10
 #: A save to the local fast tier while the object store is down must not wait on it.
 SAVE_WHILE_DOWN_LIMIT_S = 5.0
-# Tier methods whose errors count as surfaced faults (outermost call only).
-_WATCHED = (
-    "put",
-    "get",
-    "read_into",
-    "head",
-    "exists",
-    "list",
-    "list_info",
-    "list_dirs",
-    "delete",
-    "annotate",
-    "set_tags",
-    "get_tags",
-    "set_legal_hold",
-    "legal_hold",
-)
+# Tier methods whose errors count as surfaced faults (outermost call only): every
+# operation of the tier interface, and the S3 tier's own tag and hold calls.
+_WATCHED = (*OPERATIONS, "set_tags", "get_tags", "legal_hold")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ Helpers for a tier's own extra tests are public too: :func:`payload`,
 from __future__ import annotations
 
 import array
+import inspect
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -42,7 +43,7 @@ from mouthguard.errors import (
     TierError,
     UnsupportedOperationError,
 )
-from mouthguard.tiers.base import BytesLike, PutMode, Tier
+from mouthguard.tiers.base import OPERATIONS, BytesLike, PutMode, Tier
 
 __all__ = ["INVALID_KEYS", "INVALID_PREFIXES", "MiB", "TierConformance", "payload"]
 
@@ -520,3 +521,15 @@ class TierConformance:
         if placed:
             assert tier.set_legal_hold("held/obj", False)  # released: cleanup can delete it
         assert tier.get("held/obj") == b"keep me"
+
+    # --- the suite itself -----------------------------------------------------
+
+    def test_the_suite_exercises_every_operation(self) -> None:
+        """Some test here calls every operation of ``Tier``.
+
+        The operations are derived from the ``Tier`` class (``OPERATIONS``), so a
+        method added to the interface fails this until a contract test calls it.
+        """
+        source = inspect.getsource(TierConformance)
+        missing = [op for op in OPERATIONS if f".{op}(" not in source]
+        assert not missing, f"no conformance test calls {missing}: write their contract tests"
