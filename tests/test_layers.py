@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).parents[1] / "src" / "mouthguard"
 ROOT = "mouthguard"
 
 #: Lower layers everything may build on (a new layer usually needs these).
-_BASE = {"errors", "version", "format", "policy", "tiers", "config"}
+_BASE = {"errors", "version", "pathsafety", "format", "policy", "tiers", "config"}
 
 #: layer -> mouthguard sub-packages/modules it may import. A layer is the first
 #: component under ``mouthguard`` (a sub-package or a top-level module); add a
@@ -35,9 +35,12 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     # The distribution's version (``importlib.metadata``): below everything.
     "version": set(),
-    "tiers": {"errors", "tiers"},
+    # The one rule for names that become paths or keys: every validator builds on it.
+    "pathsafety": set(),
+    "tiers": {"errors", "pathsafety", "tiers"},
     "policy": {"errors", "policy"},
-    "format": {"errors", "format", "policy", "tiers"},  # tiers.keys for name validation only
+    # tiers.object_keys for name validation only
+    "format": {"errors", "pathsafety", "format", "policy", "tiers"},
     "config": {"errors", "tiers", "policy"},
     "checkpoint": _BASE | {"checkpoint"},
     "jobs": _BASE | {"checkpoint", "jobs"},
@@ -49,12 +52,13 @@ ALLOWED: dict[str, set[str]] = {
     "wiring": {"checkpoint", "jobs", "wiring"},
     # The economics (sizing, intervals, the simulator): pure arithmetic and plots.
     "plan": {"errors", "plan"},
-    "testing": {"errors", "tiers", "testing"},  # the kit for tier authors: above tiers only
+    # The kit for tier authors: above tiers only.
+    "testing": {"errors", "pathsafety", "tiers", "testing"},
     # Datasets: shards, manifests (signed as checkpoints are), the cache and the loader.
-    "data": {"errors", "format", "tiers", "data"},
+    "data": {"errors", "pathsafety", "format", "tiers", "data"},
     # KV-cache blocks for inference: transient state over memory, disk and any tier;
     # format.signing only for the store key that MACs remote objects.
-    "kvcache": {"errors", "format", "policy", "tiers", "kvcache"},
+    "kvcache": {"errors", "pathsafety", "format", "policy", "tiers", "kvcache"},
     # Trainer and engine plug-ins (Lightning, Hugging Face, vLLM): adapters above
     # checkpoint, as dcp is, and above the KV store and the weights loader (vLLM).
     "integrations": _BASE | {"checkpoint", "kvcache", "weights", "integrations"},

@@ -72,6 +72,7 @@ from mouthguard.errors import (
 )
 from mouthguard.integrations.pointer import Pointer, read_pointer, remove_pointer, write_pointer
 from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule
+from mouthguard.pathsafety import is_safe_relative_path
 from mouthguard.policy.importance import Importance, parse_importance
 
 log = logging.getLogger(__name__)
@@ -348,7 +349,8 @@ def _saved_name(checkpointer: Checkpointer, step: int) -> str | None:
     """The file name Lightning saved ``step`` under (its reference values), if readable."""
     path = _saved_path(checkpointer, step)
     name = Path(path).name if path else ""
-    return name if name not in ("", ".", "..") else None
+    # One plain file name: it names a file in the directory Lightning restores into.
+    return name if is_safe_relative_path(name) else None
 
 
 def default_importance(checkpoint: Mapping[str, Any], path: str) -> tuple[Importance, str | None]:
