@@ -317,3 +317,42 @@ def test_policy_is_pure() -> None:
         assert not modules & {"os", "io", "shutil", "socket", "subprocess", "torch", "pathlib"}, (
             path
         )
+
+
+# --- adapters use the checkpoint layer's public surface ---------------------------------
+
+#: Layers that adapt mouthguard to something outside it (trainers, engines, operators).
+ADAPTERS = {"integrations", "dashboard"}
+#: The one checkpoint module they may import.
+CHECKPOINT_SURFACE = "mouthguard.checkpoint.surface"
+
+
+def _checkpoint_imports_beside_the_surface(graph: Mapping[str, Set[str]]) -> dict[str, list[str]]:
+    return {
+        module: sorted(bad)
+        for module, targets in graph.items()
+        if _layer_of(module) in ADAPTERS
+        for bad in [{t for t in targets if _layer_of(t) == "checkpoint"} - {CHECKPOINT_SURFACE}]
+        if bad
+    }
+
+
+def test_adapters_import_checkpoints_only_through_the_surface() -> None:
+    """``integrations`` and ``dashboard`` reach checkpoints through ``checkpoint/surface.py``.
+
+    What an adapter needs is added there, so the rest of the checkpoint layer
+    stays free to change without breaking a trainer plug-in or the page.
+    """
+    found = _checkpoint_imports_beside_the_surface(GRAPH)
+    assert not found, f"adapters importing checkpoint modules beside the surface: {found}"
+
+
+def test_the_surface_rule_can_fail() -> None:
+    toy = {
+        "mouthguard.integrations.hf": {CHECKPOINT_SURFACE, "mouthguard.checkpoint.sidecars"},
+        "mouthguard.dashboard.app": {CHECKPOINT_SURFACE, "mouthguard.tiers.base"},
+        "mouthguard.cli.ls": {"mouthguard.checkpoint.sidecars"},  # not an adapter
+    }
+    assert _checkpoint_imports_beside_the_surface(toy) == {
+        "mouthguard.integrations.hf": ["mouthguard.checkpoint.sidecars"]
+    }

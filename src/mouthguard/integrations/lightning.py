@@ -59,11 +59,13 @@ from typing import Any
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _LightningCheckpointIO
 from typing_extensions import override
 
-from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.checkpointer import Checkpointer
-from mouthguard.checkpoint.ranks import RankGroup
-from mouthguard.checkpoint.reader import read_manifest
-from mouthguard.checkpoint.store import Store
+from mouthguard.checkpoint.surface import (
+    Checkpointer,
+    RankGroup,
+    Store,
+    read_manifest,
+    tiers_holding,
+)
 from mouthguard.errors import (
     CheckpointNotFoundError,
     FormatError,
@@ -334,7 +336,7 @@ def restore_pointers(
 
 def _saved_path(checkpointer: Checkpointer, step: int) -> str | None:
     """The path Lightning saved ``step`` under (its reference values), if readable."""
-    for tier in catalog.tiers_holding(checkpointer.store.tiers, checkpointer.run, step):
+    for tier in tiers_holding(checkpointer.store.tiers, checkpointer.run, step):
         try:
             manifest = read_manifest(tier, checkpointer.run, step, checkpointer.manifest_keys)
         except MouthguardError:
