@@ -403,19 +403,9 @@ def run(
             }
             proc = _spawn(spec, work / f"spec-{attempt}.json")
             dump = []
-            died: str | None = None
-            while proc.poll() is None:
-                time.sleep(0.05)
-                index, since = _progress(progress)
-                if index >= 0 and time.monotonic() - since > watchdog:
-                    proc.kill()
-                    proc.wait()
-                    died = f"hang: no progress for {watchdog:.0f} s (killed)"
+            died = _watch(proc, progress, watchdog)
             result = _read_result(result_path) or {"next": start, "targets": {}, "failures": []}
-            for target, stats in result["targets"].items():
-                into = merged.setdefault(target, dict.fromkeys(stats, 0))
-                for key, value in stats.items():
-                    into[key] = max(into[key], value) if key == "max_seconds" else into[key] + value
+            _merge(merged, result["targets"])
             failures.extend(result["failures"])
             writes.update(result.get("writes_outside", []))
             if result.get("complete"):
@@ -447,6 +437,42 @@ def run(
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
+    return _result(level, seed, started, merged, failures, writes, attempt)
+
+
+def _watch(proc: subprocess.Popen[bytes], progress: Path, watchdog: float) -> str | None:
+    """Wait for a worker; kill it when a case makes no progress for ``watchdog`` seconds.
+
+    Returns why it was killed (None: it exited by itself).
+    """
+    died: str | None = None
+    while proc.poll() is None:
+        time.sleep(0.05)
+        index, since = _progress(progress)
+        if index >= 0 and time.monotonic() - since > watchdog:
+            proc.kill()
+            proc.wait()
+            died = f"hang: no progress for {watchdog:.0f} s (killed)"
+    return died
+
+
+def _merge(merged: dict[str, dict[str, Any]], targets: dict[str, dict[str, Any]]) -> None:
+    """Add one worker's per-target counts to ``merged`` (``max_seconds``: the maximum)."""
+    for target, stats in targets.items():
+        into = merged.setdefault(target, dict.fromkeys(stats, 0))
+        for key, value in stats.items():
+            into[key] = max(into[key], value) if key == "max_seconds" else into[key] + value
+
+
+def _result(
+    level: Level,
+    seed: int,
+    started: float,
+    merged: dict[str, dict[str, Any]],
+    failures: list[dict[str, Any]],
+    writes: set[str],
+    attempt: int,
+) -> HarnessResult:
     cases = sum(int(s["cases"]) for s in merged.values())
     survived = sum(int(s["survived"]) for s in merged.values())
     corrupt = sum(int(s["accepted_corrupt"]) for s in merged.values())

@@ -33,7 +33,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError, ObjectNotFoundError, TierError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.jobs.replicator import Replicator
-from mouthguard.tiers.base import Tier
+from mouthguard.tiers.base import OPERATIONS, Tier
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.s3 import S3Tier
 from reliability.record import HarnessResult, Level
@@ -73,23 +73,9 @@ TIMEOUT_DELAY = 1.5
 MAX_CATCH_UP_PASSES = 10
 #: A save to the local fast tier while the object store is down must not wait on it.
 SAVE_WHILE_DOWN_LIMIT_S = 5.0
-# Tier methods whose errors count as surfaced faults (outermost call only).
-_WATCHED = (
-    "put",
-    "get",
-    "read_into",
-    "head",
-    "exists",
-    "list",
-    "list_info",
-    "list_dirs",
-    "delete",
-    "annotate",
-    "set_tags",
-    "get_tags",
-    "set_legal_hold",
-    "legal_hold",
-)
+# Tier methods whose errors count as surfaced faults (outermost call only): every
+# operation of the tier interface, and the S3 tier's own tag and hold calls.
+_WATCHED = (*OPERATIONS, "set_tags", "get_tags", "legal_hold")
 
 
 @dataclass(frozen=True)
@@ -242,9 +228,24 @@ def run(level: Level) -> HarnessResult:
     return result
 
 
+@dataclass
+class _Tally:
+    """What the rounds, the catch-up and the final judgement found."""
+
+    acknowledged: dict[int, str] = field(default_factory=dict)  # step -> digest of its state
+    accepted_corrupt: int = 0
+    load_failures: int = 0
+    pass_errors: int = 0
+    shortfalls: int = 0
+    slowest_save_while_down: float = 0.0
+    episode_ok: bool = True
+    catch_up_passes: int = 0
+    lost: int = 0
+    replicated: int = 0
+
+
 def _exercise(plan: _Plan, endpoint: S3Endpoint, scratch: Path) -> HarnessResult:
-    rates = FaultRates.uniform(plan.rate)
-    details: dict[str, Any] = {"rate": plan.rate, "seed": plan.seed, "rounds": plan.rounds}
+    tally = _Tally()
     with FaultProxy(endpoint.endpoint, seed=plan.seed, timeout_delay=TIMEOUT_DELAY) as proxy:
         # Tiers open (and probe the bucket) before the faults start.
         s3 = _s3_tier(endpoint, proxy.endpoint)
@@ -256,100 +257,36 @@ def _exercise(plan: _Plan, endpoint: S3Endpoint, scratch: Path) -> HarnessResult
         store = Store([LocalTier(scratch / "fast", name="fast", domain="node-a"), s3])
         reader = mouthguard.Checkpointer(Store([reader_tier]), run=RUN, background=False)
         ckpt = mouthguard.Checkpointer(store, run=RUN, background=False)
-        acknowledged: dict[int, str] = {}
-        accepted_corrupt = load_failures = pass_errors = shortfalls = 0
-        slowest_save_while_down = 0.0
-        episode_ok = True
-        proxy.set_rates(rates)
-        step = 0
-        for round_no in range(plan.rounds):
-            down = round_no == plan.down_round
-            if down:
-                proxy.down()
-            for _ in range(plan.saves_per_round):
-                step += 1
-                state = _state(step)
-                began = time.monotonic()
-                try:
-                    ckpt.save(step, state, importance="routine")
-                except MouthguardError:
-                    episode_ok = episode_ok and not down
-                    continue
-                if down:
-                    slowest_save_while_down = max(slowest_save_while_down, time.monotonic() - began)
-                acknowledged[step] = _digest(state)
-            try:
-                report = Replicator(store, store.policy).run_once()
-                shortfalls += len(report.shortfalls)
-            except MouthguardError:
-                pass_errors += 1
-            if down:
-                proxy.up()
-                continue
-            newest = max(acknowledged, default=None)
-            if newest is not None and reader.exists(newest):
-                try:
-                    loaded = reader.load(newest)
-                except MouthguardError:
-                    load_failures += 1
-                else:
-                    if _digest(loaded.state) != acknowledged[newest]:
-                        accepted_corrupt += 1
-        # Catch up (faults still on), then judge with the faults off and no proxy at all.
-        passes = 0
-        for passes in range(1, MAX_CATCH_UP_PASSES + 1):  # noqa: B007 - reported below
-            try:
-                report = Replicator(store, store.policy).run_once()
-            except MouthguardError:
-                pass_errors += 1
-                continue
-            if report.protected == len(acknowledged) and not report.shortfalls:
-                break
+        proxy.set_rates(FaultRates.uniform(plan.rate))
+        _rounds(plan, proxy, store, ckpt, reader, tally)
+        _catch_up(store, tally)
         proxy.set_rates(FaultRates())
         counts, phases, injected = proxy.counts, proxy.phase_counts, proxy.total_injected
         requests = proxy.requests
-    lost = replicated = 0
-    fast_reader = mouthguard.Checkpointer(Store([store.fast]), run=RUN, background=False)
-    clean_reader = mouthguard.Checkpointer(Store([clean]), run=RUN, background=False)
-    for saved, digest in acknowledged.items():
-        on_s3 = _intact_on_s3(store.fast, clean, saved)
-        replicated += on_s3
-        intact = 0
-        for source in [fast_reader] + ([clean_reader] if on_s3 else []):
-            try:
-                loaded = source.load(saved)
-            except MouthguardError:
-                continue
-            if _digest(loaded.state) != digest:
-                accepted_corrupt += 1
-            else:
-                intact += 1
-        lost += intact == 0
-    episode_ok = (
-        episode_ok
-        and slowest_save_while_down < SAVE_WHILE_DOWN_LIMIT_S
-        and replicated == len(acknowledged)
+    _judge(store, clean, tally)
+    tally.episode_ok = (
+        tally.episode_ok
+        and tally.slowest_save_while_down < SAVE_WHILE_DOWN_LIMIT_S
+        and tally.replicated == len(tally.acknowledged)
     )
-    writes_outside = len([p for p in scratch.iterdir() if p.name != "fast"])
-    cases = injected + 1
-    survived = max(0, injected - surfaced.count) + int(episode_ok)
-    details.update(
-        {
-            "faults_by_kind": counts,
-            "faults_by_phase": phases,
-            "requests": requests,
-            "saves_acknowledged": len(acknowledged),
-            "replicated_byte_exact": replicated,
-            "surfaced_tier_errors": surfaced.count,
-            "surfaced_samples": dict(surfaced.samples.most_common(8)),
-            "replication_shortfalls": shortfalls,
-            "replication_passes_raised": pass_errors,
-            "catch_up_passes": passes,
-            "load_failures": load_failures,
-            "down_episode_ok": episode_ok,
-            "slowest_save_while_down_s": round(slowest_save_while_down, 3),
-        }
-    )
+    details: dict[str, Any] = {
+        "rate": plan.rate,
+        "seed": plan.seed,
+        "rounds": plan.rounds,
+        "faults_by_kind": counts,
+        "faults_by_phase": phases,
+        "requests": requests,
+        "saves_acknowledged": len(tally.acknowledged),
+        "replicated_byte_exact": tally.replicated,
+        "surfaced_tier_errors": surfaced.count,
+        "surfaced_samples": dict(surfaced.samples.most_common(8)),
+        "replication_shortfalls": tally.shortfalls,
+        "replication_passes_raised": tally.pass_errors,
+        "catch_up_passes": tally.catch_up_passes,
+        "load_failures": tally.load_failures,
+        "down_episode_ok": tally.episode_ok,
+        "slowest_save_while_down_s": round(tally.slowest_save_while_down, 3),
+    }
     by_kind = {FAULT_LABELS.get(kind, kind): n for kind, n in counts.items() if n}
     return HarnessResult(
         HARNESS,
@@ -360,15 +297,97 @@ def _exercise(plan: _Plan, endpoint: S3Endpoint, scratch: Path) -> HarnessResult
             "is one injected fault (survived: absorbed by the S3 tier's retries, no error "
             "surfaced) or the episode"
         ),
-        cases=cases,
+        cases=injected + 1,
         cases_by_kind={**by_kind, EPISODE: 1},
-        acknowledged=len(acknowledged),
-        survived=survived,
-        accepted_corrupt=accepted_corrupt,
-        lost_acknowledged=lost,
-        writes_outside=writes_outside,
+        acknowledged=len(tally.acknowledged),
+        survived=max(0, injected - surfaced.count) + int(tally.episode_ok),
+        accepted_corrupt=tally.accepted_corrupt,
+        lost_acknowledged=tally.lost,
+        writes_outside=len([p for p in scratch.iterdir() if p.name != "fast"]),
         details=details,
     )
+
+
+def _rounds(
+    plan: _Plan,
+    proxy: FaultProxy,
+    store: Store,
+    ckpt: mouthguard.Checkpointer,
+    reader: mouthguard.Checkpointer,
+    tally: _Tally,
+) -> None:
+    """Saves, a replication pass and a load from S3 per round; S3 down for one round."""
+    step = 0
+    for round_no in range(plan.rounds):
+        down = round_no == plan.down_round
+        if down:
+            proxy.down()
+        for _ in range(plan.saves_per_round):
+            step += 1
+            _save(ckpt, step, down, tally)
+        try:
+            report = Replicator(store, store.policy).run_once()
+            tally.shortfalls += len(report.shortfalls)
+        except MouthguardError:
+            tally.pass_errors += 1
+        if down:
+            proxy.up()
+            continue
+        newest = max(tally.acknowledged, default=None)
+        if newest is not None and reader.exists(newest):
+            try:
+                loaded = reader.load(newest)
+            except MouthguardError:
+                tally.load_failures += 1
+            else:
+                if _digest(loaded.state) != tally.acknowledged[newest]:
+                    tally.accepted_corrupt += 1
+
+
+def _save(ckpt: mouthguard.Checkpointer, step: int, down: bool, tally: _Tally) -> None:
+    state = _state(step)
+    began = time.monotonic()
+    try:
+        ckpt.save(step, state, importance="routine")
+    except MouthguardError:
+        tally.episode_ok = tally.episode_ok and not down
+        return
+    if down:
+        tally.slowest_save_while_down = max(tally.slowest_save_while_down, time.monotonic() - began)
+    tally.acknowledged[step] = _digest(state)
+
+
+def _catch_up(store: Store, tally: _Tally) -> None:
+    """Replication passes, faults still on, until every acknowledged save is protected."""
+    for passes in range(1, MAX_CATCH_UP_PASSES + 1):
+        tally.catch_up_passes = passes
+        try:
+            report = Replicator(store, store.policy).run_once()
+        except MouthguardError:
+            tally.pass_errors += 1
+            continue
+        if report.protected == len(tally.acknowledged) and not report.shortfalls:
+            break
+
+
+def _judge(store: Store, clean: S3Tier, tally: _Tally) -> None:
+    """Every acknowledged save, read back with the faults off and no proxy at all."""
+    fast_reader = mouthguard.Checkpointer(Store([store.fast]), run=RUN, background=False)
+    clean_reader = mouthguard.Checkpointer(Store([clean]), run=RUN, background=False)
+    for saved, digest in tally.acknowledged.items():
+        on_s3 = _intact_on_s3(store.fast, clean, saved)
+        tally.replicated += on_s3
+        intact = 0
+        for source in [fast_reader] + ([clean_reader] if on_s3 else []):
+            try:
+                loaded = source.load(saved)
+            except MouthguardError:
+                continue
+            if _digest(loaded.state) != digest:
+                tally.accepted_corrupt += 1
+            else:
+                intact += 1
+        tally.lost += intact == 0
 
 
 if __name__ == "__main__":  # pragma: no cover - a convenience for running it alone

@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).parents[1] / "src" / "mouthguard"
 ROOT = "mouthguard"
 
 #: Lower layers everything may build on (a new layer usually needs these).
-_BASE = {"errors", "version", "format", "policy", "tiers", "config"}
+_BASE = {"errors", "version", "pathsafety", "format", "policy", "tiers", "config"}
 
 #: layer -> mouthguard sub-packages/modules it may import. A layer is the first
 #: component under ``mouthguard`` (a sub-package or a top-level module); add a
@@ -35,9 +35,12 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     # The distribution's version (``importlib.metadata``): below everything.
     "version": set(),
-    "tiers": {"errors", "tiers"},
+    # The one rule for names that become paths or keys: every validator builds on it.
+    "pathsafety": set(),
+    "tiers": {"errors", "pathsafety", "tiers"},
     "policy": {"errors", "policy"},
-    "format": {"errors", "format", "policy", "tiers"},  # tiers.keys for name validation only
+    # tiers.object_keys for name validation only
+    "format": {"errors", "pathsafety", "format", "policy", "tiers"},
     "config": {"errors", "tiers", "policy"},
     "checkpoint": _BASE | {"checkpoint"},
     "jobs": _BASE | {"checkpoint", "jobs"},
@@ -49,12 +52,13 @@ ALLOWED: dict[str, set[str]] = {
     "wiring": {"checkpoint", "jobs", "wiring"},
     # The economics (sizing, intervals, the simulator): pure arithmetic and plots.
     "plan": {"errors", "plan"},
-    "testing": {"errors", "tiers", "testing"},  # the kit for tier authors: above tiers only
+    # The kit for tier authors: above tiers only.
+    "testing": {"errors", "pathsafety", "tiers", "testing"},
     # Datasets: shards, manifests (signed as checkpoints are), the cache and the loader.
-    "data": {"errors", "format", "tiers", "data"},
+    "data": {"errors", "pathsafety", "format", "tiers", "data"},
     # KV-cache blocks for inference: transient state over memory, disk and any tier;
     # format.signing only for the store key that MACs remote objects.
-    "kvcache": {"errors", "format", "policy", "tiers", "kvcache"},
+    "kvcache": {"errors", "pathsafety", "format", "policy", "tiers", "kvcache"},
     # Trainer and engine plug-ins (Lightning, Hugging Face, vLLM): adapters above
     # checkpoint, as dcp is, and above the KV store and the weights loader (vLLM).
     "integrations": _BASE | {"checkpoint", "kvcache", "weights", "integrations"},
@@ -313,3 +317,42 @@ def test_policy_is_pure() -> None:
         assert not modules & {"os", "io", "shutil", "socket", "subprocess", "torch", "pathlib"}, (
             path
         )
+
+
+# --- adapters use the checkpoint layer's public surface ---------------------------------
+
+#: Layers that adapt mouthguard to something outside it (trainers, engines, operators).
+ADAPTERS = {"integrations", "dashboard"}
+#: The one checkpoint module they may import.
+CHECKPOINT_SURFACE = "mouthguard.checkpoint.surface"
+
+
+def _checkpoint_imports_beside_the_surface(graph: Mapping[str, Set[str]]) -> dict[str, list[str]]:
+    return {
+        module: sorted(bad)
+        for module, targets in graph.items()
+        if _layer_of(module) in ADAPTERS
+        for bad in [{t for t in targets if _layer_of(t) == "checkpoint"} - {CHECKPOINT_SURFACE}]
+        if bad
+    }
+
+
+def test_adapters_import_checkpoints_only_through_the_surface() -> None:
+    """``integrations`` and ``dashboard`` reach checkpoints through ``checkpoint/surface.py``.
+
+    What an adapter needs is added there, so the rest of the checkpoint layer
+    stays free to change without breaking a trainer plug-in or the page.
+    """
+    found = _checkpoint_imports_beside_the_surface(GRAPH)
+    assert not found, f"adapters importing checkpoint modules beside the surface: {found}"
+
+
+def test_the_surface_rule_can_fail() -> None:
+    toy = {
+        "mouthguard.integrations.hf": {CHECKPOINT_SURFACE, "mouthguard.checkpoint.sidecars"},
+        "mouthguard.dashboard.app": {CHECKPOINT_SURFACE, "mouthguard.tiers.base"},
+        "mouthguard.cli.ls": {"mouthguard.checkpoint.sidecars"},  # not an adapter
+    }
+    assert _checkpoint_imports_beside_the_surface(toy) == {
+        "mouthguard.integrations.hf": ["mouthguard.checkpoint.sidecars"]
+    }

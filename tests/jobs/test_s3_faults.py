@@ -24,7 +24,7 @@ from mouthguard.checkpoint.store import Store
 from mouthguard.errors import ObjectExistsError, TierError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.jobs.replicator import ReplicationReport, Replicator
-from mouthguard.tiers.base import PutMode, Tier
+from mouthguard.tiers.base import OPERATIONS, PutMode, Tier
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.s3 import S3Tier
 from mouthguard.tiers.wrapper import WrappedTier
@@ -66,25 +66,8 @@ def two_tier_store(root: Path, s3: Tier) -> Store:
     return Store([LocalTier(root / "fast", name="fast", domain="node-a"), s3])
 
 
-#: The operations of a tier that may reach its storage.
-_IO_OPERATIONS = frozenset(
-    {
-        "put",
-        "get",
-        "read_into",
-        "head",
-        "exists",
-        "list",
-        "list_dirs",
-        "delete",
-        "delete_prefix",
-        "rename_prefix",
-        "annotate",
-        "annotations",
-        "set_legal_hold",
-        "collect_incomplete",
-    }
-)
+#: The operations of a tier that may reach its storage (all of them but ``location``).
+_IO_OPERATIONS = frozenset(OPERATIONS)
 
 
 class Watched(WrappedTier):

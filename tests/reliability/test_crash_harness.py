@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reliability import crash
+from reliability import crash, crash_checks
 
 
 @pytest.mark.slow
@@ -19,9 +19,9 @@ def test_crash_harness_ci_level_survives_every_kill() -> None:
 
 
 def test_retention_rule_allows_only_routine_steps_with_enough_newer_ones() -> None:
-    ledger = crash.Ledger()
-    routine = [s for s in range(40) if crash.importance_for(s) == "routine"]
-    kept = [s for s in range(40) if crash.importance_for(s) != "routine"]
+    ledger = crash_checks.Ledger()
+    routine = [s for s in range(40) if crash_checks.importance_for(s) == "routine"]
+    kept = [s for s in range(40) if crash_checks.importance_for(s) != "routine"]
     assert kept, "the worker saves milestone and critical steps too"
     # a pass that saw routine steps 0, 1, 2, 3: only step 0 has keep_last (3) newer ones
     ledger.passes.append((frozenset(routine[:4]), None))

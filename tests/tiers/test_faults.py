@@ -19,8 +19,10 @@ from mouthguard.errors import (
 )
 from mouthguard.jobs.replicator import Replicator
 from mouthguard.testing.conformance import TierConformance, payload
-from mouthguard.tiers.base import PutMode, StableChunks, Tier
+from mouthguard.tiers.base import OPERATIONS, PutMode, StableChunks, Tier, operations_of
 from mouthguard.tiers.faults import (
+    COMPOSED,
+    OPS,
     ConfinementError,
     FaultEvent,
     FaultPlan,
@@ -32,6 +34,7 @@ from mouthguard.tiers.faults import (
 )
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
+from mouthguard.tiers.wrapper import WrappedTier
 from tests.fake_clock import FakeClock
 
 
@@ -93,33 +96,74 @@ def test_wrapper_keeps_name_domain_capabilities_location(tmp_path: Path) -> None
 # --- each fault ------------------------------------------------------------------------
 
 
+def _one_call_each(tier: Tier) -> dict[str, Callable[[], object]]:
+    """One call of every tier operation, keyed by its name, on a tier holding ``k``."""
+    return {
+        "put": lambda: tier.put("new", b"x"),
+        "get": lambda: tier.get("k"),
+        "read_into": lambda: tier.read_into("k", 0, memoryview(bytearray(1))),
+        "head": lambda: tier.head("k"),
+        "exists": lambda: tier.exists("k"),
+        "list": lambda: tier.list(""),
+        "list_info": lambda: tier.list_info(""),
+        "list_dirs": lambda: tier.list_dirs(""),
+        "delete": lambda: tier.delete("k"),
+        "rename_prefix": lambda: tier.rename_prefix("a", "b"),
+        "delete_prefix": lambda: tier.delete_prefix("k/"),
+        "annotate": lambda: tier.annotate("k", {"a": "b"}),
+        "annotations": lambda: tier.annotations("k"),
+        "set_legal_hold": lambda: tier.set_legal_hold("k", True),
+        "collect_incomplete": lambda: tier.collect_incomplete("", 0),
+    }
+
+
+def test_the_operations_are_derived_from_tier() -> None:
+    """A method added to ``Tier`` joins OPERATIONS, and fault injection must then cover it."""
+    assert set(_one_call_each(MemoryTier())) == set(OPERATIONS)
+    assert set(OPS) == set(OPERATIONS) - COMPOSED
+    for op in OPERATIONS:
+        # Each wrapper forwards or intercepts it, rather than inheriting Tier's default.
+        assert op in vars(WrappedTier), f"WrappedTier does not forward {op}"
+        assert op in vars(FaultyTier), f"FaultyTier does not cover {op}"
+
+    class Extended(MemoryTier):
+        def compact(self) -> int:
+            return 0
+
+    assert "compact" in operations_of(Extended)
+    assert "location" not in OPERATIONS and "capabilities" not in OPERATIONS
+
+
 def test_errors_hit_every_operation_before_the_inner_tier() -> None:
     inner = MemoryTier()
     inner.put("k", b"v")
     tier = FaultyTier(inner, FaultPlan(error=1.0))
-    calls: list[Callable[[], object]] = [
-        lambda: tier.put("new", b"x"),
-        lambda: tier.get("k"),
-        lambda: tier.read_into("k", 0, memoryview(bytearray(1))),
-        lambda: tier.head("k"),
-        lambda: tier.exists("k"),
-        lambda: tier.list(""),
-        lambda: tier.list_info(""),
-        lambda: tier.list_dirs(""),
-        lambda: tier.delete("k"),
-        lambda: tier.rename_prefix("a", "b"),
-        lambda: tier.delete_prefix("k/"),
-        lambda: tier.annotate("k", {"a": "b"}),
-        lambda: tier.annotations("k"),
-        lambda: tier.set_legal_hold("k", True),
-        lambda: tier.collect_incomplete("", 0),
-    ]
-    for call in calls:
+    calls = _one_call_each(tier)
+    for call in calls.values():
         with pytest.raises(InjectedFaultError):
             call()
     assert tier.injected == {"error": len(calls)}
     assert list(inner.list()) == ["k"] and inner.get("k") == b"v"  # nothing reached it
     assert tier.events[0] == FaultEvent("error", "put", "new")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_plan_narrowed_to_one_operation_hits_only_it(op: str) -> None:
+    inner = MemoryTier()
+    inner.put("k", b"v")
+    inner.put("k/x", b"w")  # so that delete_prefix("k/") reaches a delete
+    tier = FaultyTier(inner, FaultPlan(error=1.0, ops=frozenset({op})))
+    for name, call in _one_call_each(tier).items():
+        if name == op or (name in COMPOSED and op in {"list", "delete"}):
+            with pytest.raises(InjectedFaultError):
+                call()
+        else:
+            try:
+                call()
+            except InjectedFaultError:  # pragma: no cover - the failure message
+                pytest.fail(f"a plan narrowed to {op} injected into {name}")
+            except TierError:
+                pass  # the inner tier's own refusal (rename on a RAM tier), not a fault
 
 
 def test_same_seed_same_faults() -> None:

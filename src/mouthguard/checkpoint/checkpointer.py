@@ -3,7 +3,9 @@
 This module is the public API and its contracts. The work is elsewhere, one job
 per module: the save pipeline in :mod:`~mouthguard.checkpoint.saving` (and the
 commit under it), finding and loading a valid copy in
-:mod:`~mouthguard.checkpoint.loading`, describing a checkpoint from its copies in
+:mod:`~mouthguard.checkpoint.loading`, listing a run's checkpoints and changing
+their importance and holds in :mod:`~mouthguard.checkpoint.run_checkpoints`
+(which ``Checkpointer`` inherits), describing a checkpoint from its copies in
 :mod:`~mouthguard.checkpoint.describe`, the layout on a tier in
 :mod:`~mouthguard.checkpoint.catalog`.
 """
@@ -13,50 +15,36 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import os
-import warnings
-from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Mapping
 from typing import Any, Self
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import SaveHandle
-from mouthguard.checkpoint.audit import Outcome, audited
-from mouthguard.checkpoint.describe import describe, unreadable_checkpoints
-from mouthguard.checkpoint.hints import pass_hint_down
 from mouthguard.checkpoint.info import (
     CheckpointInfo,
     LoadedCheckpoint,
     Rejection,
-    UnreadableCheckpoint,
 )
 from mouthguard.checkpoint.lineage import Tracker
 from mouthguard.checkpoint.listeners import CheckpointListener
-from mouthguard.checkpoint.loading import Loader
+from mouthguard.checkpoint.loading import Loader, target_device, warn_fell_back
 from mouthguard.checkpoint.peer_load import resume_from_peers
 from mouthguard.checkpoint.peer_memory import PeerMemory
 from mouthguard.checkpoint.peer_tier import PeerTier
 from mouthguard.checkpoint.ranks import COLLECTIVE_TIMEOUT, detect_ranks
+from mouthguard.checkpoint.run_checkpoints import RunCheckpoints
 from mouthguard.checkpoint.saving import SavePipeline
 from mouthguard.checkpoint.semantic import Check, guard_save
-from mouthguard.checkpoint.sidecars import (
-    CopyRef,
-    place_hold,
-    release_hold,
-    write_importance,
-)
 from mouthguard.checkpoint.store import Store, open_store
-from mouthguard.checkpoint.writer import utc_now
-from mouthguard.errors import CheckpointFallbackWarning, CheckpointNotFoundError
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
 from mouthguard.policy.importance import Importance, parse_importance
-from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
 
 #: Partial saves younger than this are assumed to be still in flight.
 DEFAULT_GRACE_SECONDS = 3600.0
 
 
-class Checkpointer:
+class Checkpointer(RunCheckpoints):
     """Saves and loads checkpoints of one training run.
 
     Guarantees:
@@ -356,19 +344,7 @@ class Checkpointer:
             return len(self.store.tiers) == 1
         return listener.wait_idle(timeout)
 
-    # --- list ------------------------------------------------------------------
-
-    def exists(self, step: int) -> bool:
-        """Whether ``step`` is committed on any tier (validity unchecked)."""
-        return bool(self._tiers_holding(step))
-
-    def steps(self) -> list[int]:
-        """Committed steps on any tier (manifest present), ascending; validity unchecked.
-
-        A tier that cannot be listed (an object store that is down) is skipped
-        with a warning while another tier answers.
-        """
-        return catalog.committed_steps_on(self.store.tiers, self.run)
+    # --- peer memory -----------------------------------------------------------
 
     def peer_steps(self) -> list[int]:
         """Steps complete in this node's peer memory, ascending; ``[]`` without ``peers=``.
@@ -382,129 +358,6 @@ class Checkpointer:
         if self.peers is None:
             return []
         return self.peers.area.complete_steps(self.run)
-
-    def list(self) -> list[CheckpointInfo]:
-        """Committed checkpoints with a readable manifest, ascending by step.
-
-        A step directory without a manifest is invisible. A checkpoint whose
-        every copy is damaged is listed with state ``damaged``; one whose manifest
-        is damaged on every tier cannot be described here and is listed by
-        :meth:`unreadable` instead.
-        """
-        infos = []
-        for step in self.steps():
-            info = self.info(step, missing_ok=True)
-            if info is not None:
-                infos.append(info)
-        return infos
-
-    def info(self, step: int, *, missing_ok: bool = False) -> CheckpointInfo | None:
-        """Info of ``step``: its manifest merged with every copy's sidecar facts.
-
-        The effective importance is the newest recorded change on any copy (else
-        the saved one); the holds are the union over copies; the state says how
-        far the copies meet the policy's placement (committed -> verified ->
-        protected), or ``trashed`` once every copy is in the trash.
-        """
-        info = describe(self.store, self.run, step)
-        if info is None and not missing_ok:
-            raise CheckpointNotFoundError(f"no readable checkpoint {self.run} step {step}")
-        return info
-
-    def unreadable(self, steps: Iterable[int] | None = None) -> builtins.list[UnreadableCheckpoint]:
-        """Committed checkpoints whose manifest is proven damaged on every tier holding it.
-
-        ``steps`` limits the search (default: every committed step).
-
-        :meth:`list` cannot describe them (their importance, size and time are in
-        the unreadable manifest); they are never loaded, copied or deleted
-        automatically, and stay listed here until an operator acts.
-        """
-        return unreadable_checkpoints(
-            self.store, self.run, self.steps() if steps is None else steps
-        )
-
-    # --- mutable facts ---------------------------------------------------------
-
-    def set_importance(
-        self,
-        step: int,
-        importance: str | Importance,
-        *,
-        reason: str = "",
-        actor: str | None = None,
-    ) -> CheckpointInfo:
-        """Promote or demote checkpoint ``step`` (recorded on every copy, hinted down).
-
-        Recorded in the audit trail by ``actor`` (default: the checkpointer's).
-
-        Raises:
-            CheckpointNotFoundError: ``step`` is not committed.
-            TierError: the audit trail could not record it (nothing was changed).
-        """
-        level = parse_importance(importance)
-        now = utc_now()
-        refs = self._copy_refs(step)
-        why = reason or f"set to {level.value}"
-        with self._audited("importance", step, refs, f"{level.value}: {why}", actor):
-            for ref in refs:
-                write_importance(ref, level, why, now)
-                pass_hint_down(ref, level)
-        return self._info_of_committed(step)
-
-    def hold(
-        self, step: int, name: str = "hold", *, reason: str = "", actor: str | None = None
-    ) -> CheckpointInfo:
-        """Place a named hold: the checkpoint is not deleted from any tier while it stands.
-
-        Recorded in the audit trail by ``actor`` (default: the checkpointer's).
-        """
-        now = utc_now()
-        refs = self._copy_refs(step)
-        with self._audited("hold", step, refs, f"{name}: {reason}" if reason else name, actor):
-            for ref in refs:
-                place_hold(ref, name, reason, now)
-        return self._info_of_committed(step)
-
-    def release(
-        self, step: int, name: str = "hold", *, reason: str = "", actor: str | None = None
-    ) -> bool:
-        """Release a named hold from every copy; return whether any copy had it.
-
-        Recorded in the audit trail (outcome ``not needed`` when no copy had it).
-        """
-        refs = self._copy_refs(step)
-        why = f"{name}: {reason}" if reason else name
-        with self._audited("release", step, refs, why, actor) as outcome:
-            # Every copy loses the hold: no short-circuit.
-            released = any([release_hold(ref, name) for ref in refs])  # noqa: C419
-            if not released:
-                outcome.result = "not needed"
-        return released
-
-    def _audited(
-        self, act: str, step: int, refs: builtins.list[CopyRef], reason: str, actor: str | None
-    ) -> AbstractContextManager[Outcome]:
-        return audited(
-            act,
-            self.run,
-            step,
-            [r.tier for r in refs],
-            reason,
-            actor or self.actor,
-            self.manifest_keys,
-        )
-
-    def _info_of_committed(self, step: int) -> CheckpointInfo:
-        info = self.info(step)
-        assert info is not None  # info() raises rather than return None without missing_ok
-        return info
-
-    def _copy_refs(self, step: int) -> builtins.list[CopyRef]:
-        refs = [CopyRef(t, self.run, step) for t in self._tiers_holding(step)]
-        if not refs:
-            raise CheckpointNotFoundError(f"no committed checkpoint {self.run} step {step}")
-        return refs
 
     # --- load ------------------------------------------------------------------
 
@@ -566,7 +419,7 @@ class Checkpointer:
                 raise ValueError("give step (exactly that one) or at_or_before, not both")
         if at_or_before is not None:
             catalog.validate_step(at_or_before)
-        target = _target_device(device)
+        target = target_device(device)
         loader = Loader(self.store, self.run, self.ranks, self.manifest_keys, target, check)
         # Every rank walks the coordinator's list, so all try the same steps in order.
         if step is not None:
@@ -589,7 +442,7 @@ class Checkpointer:
                 [int(str(c)) for c in listed], step, into, rejected, at_or_before=at_or_before
             )
             if at_or_before is not None and loaded.step != at_or_before:
-                _warn_fell_back(self.run, at_or_before, loaded)
+                warn_fell_back(self.run, at_or_before, loaded)
             self._lineage.loaded(self.run, loaded.step, loaded.info.created)
             return loaded
         finally:
@@ -609,9 +462,6 @@ class Checkpointer:
         newest = max((int(str(c)) for c in listed), default=None)
         return resume_from_peers(self.peers, loader, newest, into)
 
-    def _tiers_holding(self, step: int) -> builtins.list[Tier]:
-        return catalog.tiers_holding(self.store.tiers, self.run, step)
-
     # --- housekeeping ----------------------------------------------------------
 
     def collect_garbage(
@@ -622,30 +472,3 @@ class Checkpointer:
             catalog.collect_partial_saves(tier, self.run, grace_seconds=grace_seconds)
             for tier in self.store.tiers
         ]
-
-
-def _target_device(device: Any) -> Any:
-    """``load(device=...)`` as a ``torch.device`` (None stays None).
-
-    Raises:
-        ValueError: ``device`` names no device.
-    """
-    if device is None:
-        return None
-    import torch  # noqa: PLC0415 - torch is loaded by whoever asks for a device
-
-    try:
-        return torch.device(device)
-    except RuntimeError as exc:
-        raise ValueError(f"{device!r} is not a device: {exc}") from None
-
-
-def _warn_fell_back(run: str, asked: int, loaded: LoadedCheckpoint) -> None:
-    """Say, once, that ``load(at_or_before=asked)`` resumed from an older step, and why."""
-    why = "; ".join(r.reason for r in loaded.rejected if r.step == asked) or "not committed"
-    warnings.warn(
-        f"checkpoint {run} step {asked} cannot be loaded ({why}); "
-        f"falling back to step {loaded.step}",
-        CheckpointFallbackWarning,
-        stacklevel=3,
-    )

@@ -28,7 +28,7 @@ import logging
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.audit import audited
@@ -330,3 +330,30 @@ def _report_damage(ref: CopyRef, reason: str) -> None:
         report_damage(ref, reason, utc_now())
     except MouthguardError as exc:
         log.info("could not record the damage of %s: %s", ref, exc)
+
+
+def target_device(device: Any) -> Any:
+    """``load(device=...)`` as a ``torch.device`` (None stays None).
+
+    Raises:
+        ValueError: ``device`` names no device.
+    """
+    if device is None:
+        return None
+    import torch  # noqa: PLC0415 - torch is loaded by whoever asks for a device
+
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"{device!r} is not a device: {exc}") from None
+
+
+def warn_fell_back(run: str, asked: int, loaded: LoadedCheckpoint) -> None:
+    """Say, once, that ``load(at_or_before=asked)`` resumed from an older step, and why."""
+    why = "; ".join(r.reason for r in loaded.rejected if r.step == asked) or "not committed"
+    warnings.warn(
+        f"checkpoint {run} step {asked} cannot be loaded ({why}); "
+        f"falling back to step {loaded.step}",
+        CheckpointFallbackWarning,
+        stacklevel=3,
+    )

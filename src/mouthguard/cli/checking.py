@@ -27,10 +27,9 @@ from mouthguard.checkpoint.loading import suspect_reason
 from mouthguard.checkpoint.sidecars import CopyRef, check_sidecars
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.verification import Status, Verdict, find_copies, verify_and_record
-from mouthguard.cli import lifecycle
 from mouthguard.cli.common import EXIT_FAILED, EXIT_OK, UsageError
 from mouthguard.cli.listing import Listed, damaged_checkpoints, item_name
-from mouthguard.cli.render import human_bytes
+from mouthguard.cli.render import human_bytes, progress
 from mouthguard.errors import MouthguardError
 from mouthguard.jobs.burst import MAX_YIELD_SECONDS, BurstGate
 from mouthguard.jobs.scrub import ScrubReport, scrub
@@ -90,10 +89,8 @@ def _suspects(store: Store, verdicts: list[Verdict]) -> dict[tuple[str, int], st
 
 
 def _run_verification(refs: list[CopyRef], console: Console, *, quiet: bool) -> list[Verdict]:
-    with Progress(
-        console=console, transient=True, disable=quiet or not console.is_terminal
-    ) as progress:
-        task = progress.add_task("verifying", total=len(refs))
+    with Progress(console=console, transient=True, disable=quiet or not console.is_terminal) as bar:
+        task = bar.add_task("verifying", total=len(refs))
         verdicts = []
         for ref in refs:
             # Sidecars first, as found: the data check below rewrites the receipt.
@@ -103,7 +100,7 @@ def _run_verification(refs: list[CopyRef], console: Console, *, quiet: bool) -> 
                 why = "; ".join(damaged if verdict.ok else [verdict.reason, *damaged])
                 verdict = dataclasses.replace(verdict, status=Status.DAMAGED, reason=why)
             verdicts.append(verdict)
-            progress.advance(task)
+            bar.advance(task)
         return verdicts
 
 
@@ -160,7 +157,7 @@ class _CountingGate(BurstGate):
 
 def scrub_command(store: Store, args: argparse.Namespace, console: Console) -> int:
     """Re-read copies now; exit 1 when a copy is damaged or unreachable, or a checkpoint lost."""
-    with lifecycle.progress(console, show=not args.json and console.is_terminal) as bar:
+    with progress(console, show=not args.json and console.is_terminal) as bar:
         task = bar.add_task("scrubbing", total=None)
         report = scrub(
             store,

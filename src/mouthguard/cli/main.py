@@ -2,8 +2,8 @@
 
 One module per command group: :mod:`~mouthguard.cli.listing` (ls, show),
 :mod:`~mouthguard.cli.checking` (verify, scrub), :mod:`~mouthguard.cli.lifecycle`
-(gc, restore), :mod:`~mouthguard.cli.facts` (hold, release, promote with its
-aliases demote and importance), :mod:`~mouthguard.cli.audit` (audit),
+(gc), :mod:`~mouthguard.cli.restore` (restore), :mod:`~mouthguard.cli.facts` (hold,
+release, promote with its aliases demote and importance), :mod:`~mouthguard.cli.audit` (audit),
 :mod:`~mouthguard.cli.replication` (replicate),
 :mod:`~mouthguard.cli.agent`, :mod:`~mouthguard.cli.doctor`,
 :mod:`~mouthguard.cli.demo`, :mod:`~mouthguard.cli.plan`,
@@ -55,6 +55,7 @@ from mouthguard.cli import (
     listing,
     plan,
     replication,
+    restore,
     serve,
     simulate,
     weights,
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true", help="print JSON lines, one per copy")
 
     lifecycle.add_parsers(sub)
+    restore.add_parsers(sub)
     scrub = sub.add_parser("scrub", help="re-read copies now; exit 1 if any is damaged")
     scrub.add_argument(
         "--max-age-seconds",
@@ -176,6 +178,7 @@ _HANDLERS: dict[str, Handler] = {
     "verify": checking.verify,
     "scrub": checking.scrub_command,
     **lifecycle.HANDLERS,
+    **restore.HANDLERS,
     **facts.HANDLERS,
     **replication.HANDLERS,
     **agent.HANDLERS,

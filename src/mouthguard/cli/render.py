@@ -1,12 +1,15 @@
-"""Shared rendering helpers for the CLI (consoles, sizes, durations)."""
+"""Shared rendering helpers for the CLI (consoles, sizes, durations, progress)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
+from rich.progress import Progress
 
 #: The width of output that is not a terminal (a pipe, a file, a test's capture) unless
 #: $COLUMNS says otherwise: rich would otherwise assume 80 columns, cut tables and
@@ -55,3 +58,10 @@ def human_bytes(n: float) -> str:
 def human_time(when: dt.datetime) -> str:
     """A compact local timestamp."""
     return when.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+@contextmanager
+def progress(console: Console, *, show: bool) -> Iterator[Progress]:
+    """A transient rich progress display, shown only on a terminal."""
+    with Progress(console=console, transient=True, disable=not show) as progress:
+        yield progress

@@ -56,10 +56,13 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.checkpointer import Checkpointer
-from mouthguard.checkpoint.info import CheckpointInfo
-from mouthguard.checkpoint.ranks import RankGroup
+from mouthguard.checkpoint.surface import (
+    Checkpointer,
+    CheckpointInfo,
+    RankGroup,
+    validate_run,
+    validate_step,
+)
 from mouthguard.dashboard import metrics
 from mouthguard.dashboard.cache import SnapshotCache
 from mouthguard.dashboard.datasets import KVStats, dataset_rows, kvcache_rows
@@ -287,8 +290,8 @@ class _Api:
         run, step, verb = (request.path_params[k] for k in ("run", "step", "verb"))
         body = _body(request.state.body)
         try:
-            catalog.validate_run(run)
-            catalog.validate_step(step)
+            validate_run(run)
+            validate_step(step)
             # This process alone: embedded in rank 0 of a job, a request thread must
             # never join (or build) a process group the other ranks are not in.
             ckpt = Checkpointer(self.cache.store, run, background=False, group=RankGroup())

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from mouthguard.checkpoint.store import Store
+from mouthguard.checkpoint.surface import Store
 from mouthguard.dashboard.snapshot import Snapshot, take_snapshot
 from mouthguard.errors import MouthguardError
 

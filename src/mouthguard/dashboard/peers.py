@@ -21,8 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mouthguard.checkpoint.peer_memory import NodeArea, node_areas
-from mouthguard.checkpoint.reader import read_manifest
+from mouthguard.checkpoint.surface import NodeArea, node_areas, read_manifest
 from mouthguard.errors import MouthguardError
 
 __all__ = ["MAX_ROWS", "peer_memory"]

@@ -27,11 +27,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mouthguard.checkpoint.audit_check import latest_acts, merged, read_trails
-from mouthguard.checkpoint.describe import describe_view, unreadable_checkpoints
-from mouthguard.checkpoint.gathering import CheckpointView, gather, runs_of, steps_of, tier_facts
-from mouthguard.checkpoint.info import CheckpointInfo, UnreadableCheckpoint
-from mouthguard.checkpoint.store import Store
+from mouthguard.checkpoint.surface import (
+    CheckpointInfo,
+    CheckpointView,
+    Store,
+    UnreadableCheckpoint,
+    describe_view,
+    gather,
+    latest_acts,
+    merged,
+    read_trails,
+    runs_of,
+    steps_of,
+    tier_facts,
+    unreadable_checkpoints,
+)
 from mouthguard.errors import MouthguardError
 from mouthguard.format.manifest import SaveTiming
 from mouthguard.jobs.retention import plan_retention

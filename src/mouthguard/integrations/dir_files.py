@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from mouthguard.errors import FormatError, MouthguardError
+from mouthguard.pathsafety import check_relative_path
 
 
 def read_dir(root: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -63,14 +64,7 @@ def _mapped(path: Path) -> torch.Tensor:
 
 def check_relative(name: object) -> str:
     """``name`` if it is a safe relative ``/``-separated path, else :class:`FormatError`."""
-    if not isinstance(name, str) or not name:
-        raise FormatError(f"stored file name {name!r} is not a non-empty string")
-    parts = PurePosixPath(name).parts
-    if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
-        raise FormatError(f"stored file name {name!r} is not a plain relative path")
-    if len(parts) != len(name.split("/")):  # "a//b" or a trailing "/"
-        raise FormatError(f"stored file name {name!r} is not a plain relative path")
-    return name
+    return check_relative_path(name, "stored file name", FormatError)
 
 
 def write_dir(files: object, dest: str | os.PathLike[str]) -> Path:

@@ -45,9 +45,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from typing_extensions import override
 
-from mouthguard.checkpoint.checkpointer import Checkpointer
-from mouthguard.checkpoint.ranks import RankGroup
-from mouthguard.checkpoint.store import Store
+from mouthguard.checkpoint.surface import Checkpointer, RankGroup, Store
 from mouthguard.errors import FormatError, UnsignedRestoreWarning
 from mouthguard.integrations.dir_files import check_relative, read_dir, write_dir
 from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule

@@ -59,11 +59,13 @@ from typing import Any
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _LightningCheckpointIO
 from typing_extensions import override
 
-from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.checkpointer import Checkpointer
-from mouthguard.checkpoint.ranks import RankGroup
-from mouthguard.checkpoint.reader import read_manifest
-from mouthguard.checkpoint.store import Store
+from mouthguard.checkpoint.surface import (
+    Checkpointer,
+    RankGroup,
+    Store,
+    read_manifest,
+    tiers_holding,
+)
 from mouthguard.errors import (
     CheckpointNotFoundError,
     FormatError,
@@ -72,6 +74,7 @@ from mouthguard.errors import (
 )
 from mouthguard.integrations.pointer import Pointer, read_pointer, remove_pointer, write_pointer
 from mouthguard.integrations.saves import ImportanceRule, TrainerSaves, as_rule
+from mouthguard.pathsafety import is_safe_relative_path
 from mouthguard.policy.importance import Importance, parse_importance
 
 log = logging.getLogger(__name__)
@@ -333,7 +336,7 @@ def restore_pointers(
 
 def _saved_path(checkpointer: Checkpointer, step: int) -> str | None:
     """The path Lightning saved ``step`` under (its reference values), if readable."""
-    for tier in catalog.tiers_holding(checkpointer.store.tiers, checkpointer.run, step):
+    for tier in tiers_holding(checkpointer.store.tiers, checkpointer.run, step):
         try:
             manifest = read_manifest(tier, checkpointer.run, step, checkpointer.manifest_keys)
         except MouthguardError:
@@ -348,7 +351,8 @@ def _saved_name(checkpointer: Checkpointer, step: int) -> str | None:
     """The file name Lightning saved ``step`` under (its reference values), if readable."""
     path = _saved_path(checkpointer, step)
     name = Path(path).name if path else ""
-    return name if name not in ("", ".", "..") else None
+    # One plain file name: it names a file in the directory Lightning restores into.
+    return name if is_safe_relative_path(name) else None
 
 
 def default_importance(checkpoint: Mapping[str, Any], path: str) -> tuple[Importance, str | None]:

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.surface import validate_run, validate_step
 from mouthguard.errors import CheckpointNotFoundError, FormatError, MouthguardError
 from mouthguard.format.strict_json import StrictJsonError, parse
 from mouthguard.integrations.dir_files import fsync_dir
@@ -89,7 +89,7 @@ def read_pointer(path: str | os.PathLike[str]) -> Pointer:
     if not isinstance(run, str) or type(step) is not int:
         raise FormatError(f"{where}: pointer without a valid run and step: {body}")
     try:
-        return Pointer(catalog.validate_run(run), catalog.validate_step(step))
+        return Pointer(validate_run(run), validate_step(step))
     except ValueError as exc:
         raise FormatError(f"{where}: {exc}") from None
 

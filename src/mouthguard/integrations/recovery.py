@@ -14,11 +14,7 @@ keeps. Nothing is deleted here.
 
 from __future__ import annotations
 
-from mouthguard.checkpoint import catalog
-from mouthguard.checkpoint.audit import audited
-from mouthguard.checkpoint.checkpointer import Checkpointer
-from mouthguard.checkpoint.sidecars import CopyRef, mark_trashed
-from mouthguard.checkpoint.writer import utc_now
+from mouthguard.checkpoint.surface import Checkpointer, trash_released
 from mouthguard.policy.importance import Importance
 
 
@@ -32,11 +28,5 @@ def give_up(checkpointer: Checkpointer, step: int, reason: str) -> str:
         return f"kept {run} step {step}: held ({', '.join(info.holds)})"
     if info.importance is Importance.CRITICAL:
         return f"kept {run} step {step}: critical checkpoints are never deleted automatically"
-    when = utc_now()
-    tiers = catalog.tiers_holding(checkpointer.store.tiers, run, step)
-    with audited(
-        "trash", run, step, tiers, f"released by the trainer: {reason}", checkpointer.actor
-    ):
-        for tier in tiers:
-            mark_trashed(CopyRef(tier, run, step), reason, when, released=True)
-    return f"{run} step {step} put in the trash on {len(tiers)} tier(s): {reason}"
+    count = trash_released(checkpointer, step, reason)
+    return f"{run} step {step} put in the trash on {count} tier(s): {reason}"

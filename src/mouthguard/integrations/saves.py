@@ -40,11 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mouthguard.checkpoint.async_save import SaveHandle
-from mouthguard.checkpoint.checkpointer import Checkpointer
-from mouthguard.checkpoint.info import CheckpointInfo
-from mouthguard.checkpoint.ranks import RankGroup
-from mouthguard.checkpoint.store import Store
+from mouthguard.checkpoint.surface import Checkpointer, CheckpointInfo, RankGroup, SaveHandle, Store
 from mouthguard.errors import CheckpointNotFoundError
 from mouthguard.integrations.recovery import give_up
 from mouthguard.policy.importance import Importance, parse_importance

@@ -18,6 +18,7 @@ Nothing in mouthguard's storage core imports this package; it imports only
 """
 
 from mouthguard.tiers.faults import (
+    COMPOSED,
     KINDS,
     OPS,
     ConfinementError,
@@ -31,6 +32,7 @@ from mouthguard.tiers.faults import (
 )
 
 __all__ = [
+    "COMPOSED",
     "KINDS",
     "OPS",
     "ConfinementError",

@@ -7,6 +7,7 @@ is :mod:`mouthguard.testing.conformance`.
 """
 
 from mouthguard.tiers.base import (
+    OPERATIONS,
     BytesLike,
     ObjectInfo,
     PutData,
@@ -24,6 +25,7 @@ from mouthguard.tiers.object_keys import (
 from mouthguard.tiers.ranges import check_range
 
 __all__ = [
+    "OPERATIONS",
     "BytesLike",
     "ObjectInfo",
     "PutData",

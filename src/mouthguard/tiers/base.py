@@ -208,6 +208,11 @@ class Tier(abc.ABC):
         del key, tags  # a tier without annotations accepts and drops them
         return False
 
+    def annotations(self, key: str) -> dict[str, str]:
+        """The advisory tags stored on an object (empty where unsupported)."""
+        del key
+        return {}
+
     def set_legal_hold(self, key: str, on: bool) -> bool:
         """Place (or release) a storage-level legal hold on an object.
 
@@ -216,11 +221,6 @@ class Tier(abc.ABC):
         """
         del key, on
         return False
-
-    def annotations(self, key: str) -> dict[str, str]:
-        """The advisory tags stored on an object (empty where unsupported)."""
-        del key
-        return {}
 
     def collect_incomplete(self, prefix: str, older_than_seconds: float) -> int:
         """Remove the tier's own leftovers of interrupted writes under ``prefix``.
@@ -245,6 +245,31 @@ class Tier(abc.ABC):
     @override
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, location={self.location()!r})"
+
+
+#: Public methods of :class:`Tier` that describe the tier and reach no storage:
+#: fault injection has nothing to inject into them.
+_DESCRIPTIONS = frozenset({"location"})
+
+
+def operations_of(cls: type) -> tuple[str, ...]:
+    """The public methods ``cls`` itself defines, in the order it defines them.
+
+    Properties are not methods (``capabilities`` is a declaration, not an
+    operation), and neither are the names in :data:`_DESCRIPTIONS`.
+    """
+    return tuple(
+        name
+        for name, value in vars(cls).items()
+        if not name.startswith("_") and callable(value) and name not in _DESCRIPTIONS
+    )
+
+
+#: Every operation of the tier interface, derived from :class:`Tier` itself so that
+#: a method added to it is covered automatically by whatever iterates this: fault
+#: injection (:data:`mouthguard.tiers.faults.OPS`), the conformance suite's
+#: coverage check, and the harnesses that watch a tier's calls.
+OPERATIONS: tuple[str, ...] = operations_of(Tier)
 
 
 class StableChunks:

@@ -54,6 +54,7 @@ from typing_extensions import override
 
 from mouthguard.errors import DurabilityError, TierError
 from mouthguard.tiers.base import (
+    OPERATIONS,
     ObjectInfo,
     PutData,
     PutMode,
@@ -67,23 +68,15 @@ from mouthguard.tiers.wrapper import WrappedTier
 #: Fault kinds with a rate, in the order the spec string lists them.
 KINDS = ("error", "enospc", "torn", "short", "flip", "fsync", "delay")
 
-#: Operations a plan may be restricted to (``FaultPlan.ops``).
-OPS = (
-    "put",
-    "get",
-    "read_into",
-    "head",
-    "exists",
-    "list",
-    "list_info",
-    "list_dirs",
-    "delete",
-    "rename_prefix",
-    "annotate",
-    "annotations",
-    "set_legal_hold",
-    "collect_incomplete",
-)
+#: Tier operations that roll no dice of their own: ``delete_prefix`` runs as
+#: ``list`` and one ``delete`` per key through this wrapper, so its faults come
+#: from those (as a bulk delete on an object store stops part-way).
+COMPOSED = frozenset({"delete_prefix"})
+
+#: Operations a plan may be restricted to (``FaultPlan.ops``): every operation of
+#: the tier interface (derived from ``Tier``, so a new one is included) except the
+#: composed ones.
+OPS = tuple(op for op in OPERATIONS if op not in COMPOSED)
 
 
 class InjectedFaultError(TierError):
@@ -485,6 +478,7 @@ def unwrap(tier: Tier) -> Tier:
 
 
 __all__ = [
+    "COMPOSED",
     "KINDS",
     "OPS",
     "ConfinementError",

@@ -16,6 +16,9 @@ check and the open is out of scope: the root belongs to this tier.)
 
 A failed ``fsync`` raises :class:`DurabilityError` and is never retried: the
 kernel may already have dropped the dirty pages, so a retry proves nothing.
+
+The file work below the operations (paths, fsyncs, temporary files, writes) is in
+:mod:`mouthguard.tiers.local_files`, which ``LocalTier`` inherits.
 """
 
 from __future__ import annotations
@@ -26,15 +29,13 @@ import errno
 import os
 import stat
 import time
-import uuid
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 
 from typing_extensions import override
 
 from mouthguard.errors import (
     DurabilityError,
-    InvalidKeyError,
     ObjectExistsError,
     ObjectNotFoundError,
     TierError,
@@ -43,23 +44,19 @@ from mouthguard.tiers.base import (
     ObjectInfo,
     PutData,
     PutMode,
-    StableChunks,
-    Tier,
     TierCapabilities,
-    iter_buffers,
 )
 from mouthguard.tiers.direct_read import DIRECT_READ_MIN_BYTES, read_direct
-from mouthguard.tiers.direct_write import DIRECT_MIN_BYTES, WriteError, drop_cached, write_stream
+from mouthguard.tiers.direct_write import drop_cached
+from mouthguard.tiers.local_files import MISSING_ERRNOS, LinkedPathError, LocalFiles, file_stamp
 from mouthguard.tiers.object_keys import (
     validate_dir_prefix,
-    validate_key,
     validate_prefix,
     validate_rename,
 )
 from mouthguard.tiers.posix import (
     TMP_PREFIX,
     DebrisSweep,
-    describe_oserror,
     get_xattrs,
     scan_dir,
     set_xattrs,
@@ -67,28 +64,8 @@ from mouthguard.tiers.posix import (
 )
 from mouthguard.tiers.ranges import check_range
 
-# O_NONBLOCK: opening a FIFO planted in the root must not hang a reader; it has
-# no effect on regular files.
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-# Linux moves at most ~2 GiB per write call; larger chunks are split.
-_MAX_IO = 1 << 30
-# A concurrent delete() may prune a parent directory that put() just created.
-_PUT_ATTEMPTS = 3
-_MISSING = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENXIO)
 
-
-def file_stamp(st: os.stat_result) -> str:
-    """A local object's version stamp (its ``etag``): modification time and inode, in hex."""
-    return f"{st.st_mtime_ns:x}-{st.st_ino:x}"
-
-
-class LinkedPathError(InvalidKeyError):
-    """A key whose parent path passes through a symbolic link inside the root."""
-
-
-class LocalTier(Tier):
+class LocalTier(LocalFiles):
     """A tier over a POSIX directory (local disk, NVMe, or a POSIX network filesystem).
 
     Args:
@@ -153,150 +130,6 @@ class LocalTier(Tier):
             InvalidKeyError: ``key`` is invalid or its parent path passes through a link.
         """
         return self._path(key)
-
-    # --- helpers -----------------------------------------------------------
-
-    def _path(self, key: str) -> Path:
-        validate_key(key)
-        path = self.root / key
-        # realpath resolves only the components that exist; any symbolic link
-        # among them makes the result differ from the lexical path.
-        if os.path.realpath(path.parent) != str(path.parent):
-            raise LinkedPathError(
-                f"key {key!r} on tier {self.name!r} passes through a symbolic link: refused"
-            )
-        return path
-
-    def _error(
-        self, op: str, key: str, exc: OSError, cls: type[TierError] = TierError
-    ) -> TierError:
-        return cls(
-            f"cannot {op} {key!r} on tier {self.name!r} ({self.root}): {describe_oserror(exc)}"
-        )
-
-    def _sync_fd(self, fd: int, key: str, what: str) -> None:
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            raise DurabilityError(
-                f"fsync of {what} failed for {key!r} on tier {self.name!r}: "
-                f"{describe_oserror(exc)}; the write is abandoned (fsync is never retried)"
-            ) from exc
-
-    def _sync_dir(self, directory: Path, key: str) -> None:
-        try:
-            fd = os.open(directory, _DIR_FLAGS)
-        except OSError as exc:
-            raise self._error("open the directory to fsync", key, exc, DurabilityError) from exc
-        try:
-            self._sync_fd(fd, key, f"directory {str(directory)!r}")
-        finally:
-            os.close(fd)
-
-    def _mkdirs(self, base: Path, names: Iterable[str], key: str) -> bool:
-        """Create ``base/name0/name1/...`` one level at a time; False if a level vanished.
-
-        Each new directory's entry is synced in its parent (when durable), so
-        the path of an object survives a power loss together with its bytes.
-        """
-        directory = base
-        for name in names:
-            directory /= name
-            try:
-                directory.mkdir()
-            except FileExistsError:
-                mode = os.lstat(directory).st_mode
-                if not stat.S_ISDIR(mode):
-                    cls = InvalidKeyError if stat.S_ISLNK(mode) else TierError
-                    raise cls(
-                        f"cannot store {key!r} on tier {self.name!r}: "
-                        f"{str(directory)!r} is not a directory"
-                    ) from None
-                continue
-            except FileNotFoundError:
-                return False
-            except OSError as exc:
-                raise self._error("create the directories of", key, exc) from exc
-            if self._durable:
-                self._sync_dir(directory.parent, key)
-        return True
-
-    def _open_temp(self, key: str, parent: Path) -> tuple[int, Path]:
-        for _ in range(_PUT_ATTEMPTS):
-            if not parent.is_dir() and not self._mkdirs(self.root, key.split("/")[:-1], key):
-                continue
-            tmp = parent / f"{TMP_PREFIX}{uuid.uuid4().hex}"
-            try:
-                return os.open(tmp, _TMP_FLAGS, 0o644), tmp
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise self._error("create a temporary file for", key, exc) from exc
-        raise TierError(
-            f"cannot store {key!r} on tier {self.name!r}: its directory keeps disappearing"
-        )
-
-    def _write_all(self, fd: int, key: str, data: PutData) -> tuple[int, bool]:
-        """Write ``data`` to ``fd``; return the size and whether pages were cached.
-
-        Streams and large buffers go through the aligned pipeline (O_DIRECT where
-        possible); small buffers (manifests, sidecars) are written directly.
-        """
-        whole = isinstance(data, bytes | bytearray | memoryview)
-        if not isinstance(data, bytes | bytearray | memoryview) or (
-            memoryview(data).nbytes >= DIRECT_MIN_BYTES
-        ):
-            try:
-                outcome = write_stream(
-                    fd,
-                    iter_buffers(data),
-                    stable=whole or isinstance(data, StableChunks),
-                    direct=self._direct_io,
-                )
-            except WriteError as exc:
-                raise self._error("write", key, exc.cause) from exc.cause
-            return outcome.size, not outcome.direct
-        size = 0
-        # Errors raised by ``data`` itself propagate unchanged: they are the caller's.
-        for chunk in iter_buffers(data):
-            view = chunk
-            while view.nbytes:
-                try:
-                    written = os.write(fd, view[:_MAX_IO])
-                except OSError as exc:
-                    raise self._error("write", key, exc) from exc
-                if written <= 0:
-                    raise TierError(f"cannot write {key!r} on tier {self.name!r}: no progress")
-                view = view[written:]
-                size += written
-        return size, False
-
-    def _open_object(self, key: str) -> tuple[int, int]:
-        path = self._path(key)
-        try:
-            fd = os.open(path, _READ_FLAGS)
-        except OSError as exc:
-            cls = ObjectNotFoundError if exc.errno in _MISSING else TierError
-            raise self._error("open", key, exc, cls) from exc
-        try:
-            st = os.fstat(fd)
-        except OSError as exc:
-            os.close(fd)
-            raise self._error("stat", key, exc) from exc
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise ObjectNotFoundError(f"{key!r} on tier {self.name!r} is not an object")
-        return fd, st.st_size
-
-    def _prune(self, directory: Path) -> None:
-        # Best effort and not fsync-ed: an empty directory that reappears after a
-        # crash holds no object, so it is invisible to list() and list_dirs().
-        while directory != self.root:
-            try:
-                directory.rmdir()
-            except OSError:
-                return
-            directory = directory.parent
 
     # --- the tier interface ------------------------------------------------
 
@@ -441,7 +274,7 @@ class LocalTier(Tier):
         try:
             st = os.lstat(path)
         except OSError as exc:
-            cls = ObjectNotFoundError if exc.errno in _MISSING else TierError
+            cls = ObjectNotFoundError if exc.errno in MISSING_ERRNOS else TierError
             raise self._error("stat", key, exc, cls) from exc
         if not stat.S_ISREG(st.st_mode):
             raise ObjectNotFoundError(f"{key!r} on tier {self.name!r} is not an object")
@@ -504,7 +337,7 @@ class LocalTier(Tier):
                 return False
             path.unlink()
         except OSError as exc:
-            if exc.errno in _MISSING:
+            if exc.errno in MISSING_ERRNOS:
                 return False
             raise self._error("delete", key, exc) from exc
         if self._durable:
@@ -584,3 +417,8 @@ class LocalTier(Tier):
             prune=self._prune,
         )
         return sweep.run()
+
+
+# What other modules import from here: TMP_PREFIX lives in posix.py, LinkedPathError
+# and file_stamp in local_files.py since the file helpers moved; their path stays.
+__all__ = ["TMP_PREFIX", "LinkedPathError", "LocalTier", "file_stamp"]

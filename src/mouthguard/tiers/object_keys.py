@@ -1,7 +1,8 @@
 """Validation of object keys: the single gate that keeps every tier inside its root.
 
-A key is a relative, normalised path of ``/``-separated segments. Each segment
-uses a conservative alphabet, is not ``.`` or ``..`` and does not start with a
+A key is a relative, normalised path of ``/``-separated segments: it passes the
+path rule every name in mouthguard passes (:mod:`mouthguard.pathsafety`), and
+each segment uses a conservative alphabet, is not ``.`` or ``..`` and does not start with a
 dot (dot-names are reserved for a tier's own temporary files, which must stay
 invisible to ``list``). Keys arrive from manifests and configuration, which may
 be hostile, so every tier validates every key before touching storage.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import re
 
 from mouthguard.errors import InvalidKeyError, TierError
+from mouthguard.pathsafety import relative_path_problem
 
 MAX_KEY_LENGTH = 1024
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,254}")
@@ -44,11 +46,14 @@ def validate_key(key: str) -> str:
         raise InvalidKeyError(f"invalid key {key!r}: must be a non-empty string")
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidKeyError(f"invalid key: longer than {MAX_KEY_LENGTH} characters")
-    for segment in key.split("/"):
+    why = relative_path_problem(key, max_bytes=MAX_KEY_LENGTH)
+    if why is not None:
+        raise InvalidKeyError(f"invalid key {key!r}: it {why}")
+    for segment in key.split("/"):  # the path is safe; now the alphabet
         if not is_valid_segment(segment):
             raise InvalidKeyError(
                 f"invalid key {key!r}: segment {segment!r} is not allowed "
-                "(no '..', no absolute paths, no empty or dot-prefixed segments)"
+                "(letters, digits, '_.=+-', not starting with a dot, at most 255)"
             )
     return key
 

@@ -62,7 +62,6 @@ from typing_extensions import override
 
 from mouthguard.errors import ObjectExistsError, TierError
 from mouthguard.tiers.base import (
-    BytesLike,
     ObjectInfo,
     PutData,
     PutMode,
@@ -81,7 +80,7 @@ from mouthguard.tiers.s3_connect import connect
 from mouthguard.tiers.s3_control import check_tags, etag
 from mouthguard.tiers.s3_create import CreateGuard, create_with_retries, settle_versioned_create
 from mouthguard.tiers.s3_errors import OBSTORE_ERRORS
-from mouthguard.tiers.s3_parts import PartStream
+from mouthguard.tiers.s3_parts import put_payload
 from mouthguard.tiers.s3_probe import S3Probe, probe_bucket, unprobed
 from mouthguard.tiers.s3_versions import version_history
 
@@ -264,16 +263,7 @@ class S3Tier(Tier):
             raise ObjectExistsError(f"object {key!r} already exists in {self.location()}")
         # obstore sends If-None-Match on single PUTs only; the other guards work with any.
         single = create and self._guard is CreateGuard.IF_NONE_MATCH
-        stream: PartStream | None = None
-        if isinstance(data, bytes | bytearray | memoryview):
-            payload: BytesLike | Iterator[bytearray] = memoryview(data).cast("B")
-            size = memoryview(data).nbytes
-            multipart = size > self._part_size and not single
-        else:
-            stream = PartStream(data, self._part_size)
-            parts = stream.first_parts()  # the caller's errors surface here, before any I/O
-            multipart = len(parts) > 1 and not single
-            payload = parts[0] if len(parts) == 1 else stream.all_parts(parts)
+        payload, size, stream, multipart = put_payload(data, self._part_size, single=single)
 
         def send() -> PutResult:
             try:
@@ -307,15 +297,21 @@ class S3Tier(Tier):
             )
         else:
             result = send()
+        self._after_put(key, result, create=create, tags=tag_dict if multipart else None)
+        stamp = etag(result.get("e_tag")) if result is not None else None
+        return ObjectInfo(key, size if stream is None else stream.size, None, stamp)
+
+    def _after_put(
+        self, key: str, result: PutResult | None, *, create: bool, tags: dict[str, str] | None
+    ) -> None:
+        """Settle a create on a versioned bucket, and tag a multipart object (``tags``)."""
         # On a versioned bucket the latest version may already be another writer's.
         versioned = result is not None and self.probe.versioning == "Enabled"
         version = result.get("version") if versioned and result is not None else None
         if create and self._guard is CreateGuard.OLDEST_VERSION:
             settle_versioned_create(self._control, key, version, bypass_governance=self._bypass)
-        if multipart and tag_dict:
-            self._control.put_tags(key, tag_dict, version)  # on failure: stored, but untagged
-        stamp = etag(result.get("e_tag")) if result is not None else None
-        return ObjectInfo(key, size if stream is None else stream.size, None, stamp)
+        if tags:
+            self._control.put_tags(key, tags, version)  # on failure: stored, but untagged
 
     def _open_range(self, key: str, start: int, end: int | None) -> GetResult | None:
         """Start a GET of ``[start, end)``; ``None`` for a valid empty range."""

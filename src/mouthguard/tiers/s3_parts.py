@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from mouthguard.tiers.base import BytesLike, iter_buffers
+from mouthguard.tiers.base import BytesLike, PutData, iter_buffers
 
 
 class PartStream:
@@ -60,3 +60,22 @@ class PartStream:
         yield from first
         while (part := self._next_part()) is not None:
             yield part
+
+
+def put_payload(
+    data: PutData, part_size: int, *, single: bool
+) -> tuple[BytesLike | Iterator[bytearray], int, PartStream | None, bool]:
+    """What a put hands obstore: ``(payload, size, stream, multipart)``.
+
+    A buffer goes as it is (``size`` known, ``stream`` None); an iterable is cut
+    into parts whose first ones are read now, so that the caller's own errors
+    surface before any I/O (``size`` is 0: the stream's is known once it is
+    sent). A single create-only PUT (``single``) is never multipart.
+    """
+    if isinstance(data, bytes | bytearray | memoryview):
+        size = memoryview(data).nbytes
+        return memoryview(data).cast("B"), size, None, size > part_size and not single
+    stream = PartStream(data, part_size)
+    parts = stream.first_parts()
+    payload = parts[0] if len(parts) == 1 else stream.all_parts(parts)
+    return payload, 0, stream, len(parts) > 1 and not single
