@@ -163,18 +163,3 @@ def test_the_caller_s_error_carries_a_bounded_name() -> None:
     with pytest.raises(ValueError, match="is longer than") as long:
         check_relative_path("a" * 10_000, "name", ValueError)
     assert len(str(long.value)) < 300
-
-
-@pytest.mark.parametrize(
-    "name",
-    [*(n for n in HOSTILE_NAMES.values() if n), "./a/b.jpg", "a/b.jpg", "ü/ß.txt", "a" * 4096],
-)
-def test_the_tar_member_rule_is_the_path_rule(name: str) -> None:
-    """``names.member_path_problem`` gives what the path rule gives, reason included.
-
-    (It still spells the rule out itself; it can become one call of
-    :func:`relative_path_problem` without changing a message.)
-    """
-    assert names.member_path_problem(name) == relative_path_problem(
-        name, max_bytes=names.MAX_ADOPTED_KEY_BYTES, dot_segments=True
-    )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 
 from mouthguard.errors import InvalidKeyError, SampleError
+from mouthguard.pathsafety import relative_path_problem
 from mouthguard.tiers.object_keys import validate_key
 
 MANIFEST_NAME = "dataset.json"
@@ -221,20 +222,7 @@ def member_path_problem(name: str) -> str | None:
     hands those over with surrogates). ``./`` segments, which ``tar -C dir .``
     writes, are harmless and allowed.
     """
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "is not valid UTF-8"
-    segments = name.split("/")
-    problems = (
-        (size > MAX_ADOPTED_KEY_BYTES, f"is longer than {MAX_ADOPTED_KEY_BYTES} bytes"),
-        (_CONTROL.search(name) is not None, "contains a control character"),
-        ("\\" in name, "contains a backslash"),
-        (name.startswith("/"), "is an absolute path"),
-        (".." in segments, "has a '..' path segment (path traversal)"),
-        ("" in segments, "has an empty path segment"),
-    )
-    return next((why for bad, why in problems if bad), None)
+    return relative_path_problem(name, max_bytes=MAX_ADOPTED_KEY_BYTES, dot_segments=True)
 
 
 def adopted_ext_problem(ext: str) -> str | None:
