@@ -299,6 +299,8 @@ def test_symlinked_file_is_not_an_object(tier: LocalTier, root: Path, outside: P
         tier.get("link")
     with pytest.raises(ObjectNotFoundError):
         tier.head("link")
+    with pytest.raises(ObjectNotFoundError):
+        tier.open_object("link")  # what a caller that maps files opens: the same rules
     assert not tier.exists("link")
     assert list(tier.list()) == []
     assert tier.delete("link") is False
@@ -398,3 +400,13 @@ def test_collect_incomplete_removes_only_old_temp_files(
     assert tier.get("a/obj") == b"x"
     with pytest.raises(InvalidKeyError):
         tier.collect_incomplete("../", 0)
+
+
+def test_open_object_gives_a_descriptor_of_the_object(tier: LocalTier) -> None:
+    tier.put("a/b", b"mapped bytes")
+    fd, size = tier.open_object("a/b")
+    try:
+        assert size == 12
+        assert os.pread(fd, size, 0) == b"mapped bytes"
+    finally:
+        os.close(fd)

@@ -22,6 +22,24 @@ def _upload(bucket: S3Bucket, directory: Path, prefix: str) -> None:
         tier.put(f"{prefix}/{path.name}", [path.read_bytes()], mode=PutMode.CREATE)
 
 
+def _checkpoint_on_s3(bucket: S3Bucket) -> dict[str, torch.Tensor]:
+    """Step 3 of run ``r`` saved straight to the bucket; its state."""
+    state = {"w": torch.randn(300, 70), "b": torch.arange(5)}
+    mouthguard.Checkpointer(mouthguard.Store([bucket.tier()]), run="r", background=False).save(
+        3, state
+    )
+    return state
+
+
+def _rot_cached_copy(cache: Path) -> tuple[Path, int]:
+    """Flip the last byte of the cached rank file; its path and size."""
+    (cached,) = cache.glob("*/rank-00000.safetensors/*")  # <source>/<file>/<version>
+    data = bytearray(cached.read_bytes())
+    data[-1] ^= 0xFF
+    cached.write_bytes(bytes(data))
+    return cached, len(data)
+
+
 def test_an_hf_model_on_s3_is_cached_once_then_read_locally(
     s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
@@ -39,6 +57,11 @@ def test_an_hf_model_on_s3_is_cached_once_then_read_locally(
     direct = weights.load(s3_bucket.tier(), prefix="models/tiny")
     assert direct.downloaded == 0
     assert_equal(direct.tensors, state)
+    # Streamed, the same: views of the cache's copy, and without a cache file by file.
+    streamed = weights.iter_tensors(s3_bucket.tier(), prefix="models/tiny", cache_dir=cache)
+    assert_equal(dict(streamed), state)
+    assert streamed.stats.downloaded == 0
+    assert_equal(dict(weights.iter_tensors(s3_bucket.tier(), prefix="models/tiny")), state)
 
 
 def test_a_model_pushed_again_to_the_same_url_is_never_served_stale(
@@ -73,21 +96,16 @@ def test_a_model_pushed_again_to_the_same_url_is_never_served_stale(
 def test_a_checkpoint_on_s3_is_verified_on_download_and_on_load(
     s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
-    tier = s3_bucket.tier()
-    state = {"w": torch.randn(300, 70), "b": torch.arange(5)}
-    mouthguard.Checkpointer(mouthguard.Store([tier]), run="r", background=False).save(3, state)
+    tier, state = s3_bucket.tier(), _checkpoint_on_s3(s3_bucket)
     cache = tmp_path / "cache"
     loaded = weights.load(tier, run="r", cache_dir=cache)
     assert loaded.verified_files == ["rank-00000.safetensors"]
     assert_equal(loaded.tensors, state)
     # The cached copy rots on the local disk: the next load's inline check catches it,
     # and the file is fetched again from the verified remote copy.
-    (cached,) = cache.glob("*/rank-00000.safetensors/*")  # <source>/<file>/<version>
-    data = bytearray(cached.read_bytes())
-    data[-1] ^= 0xFF
-    cached.write_bytes(bytes(data))
+    _, size = _rot_cached_copy(cache)
     repaired = weights.load(tier, run="r", cache_dir=cache)
-    assert repaired.downloaded == len(data)
+    assert repaired.downloaded == size
     assert_equal(repaired.tensors, state)
     # A damaged remote copy is refused while downloading: nothing enters the cache.
     key = catalog.checkpoint_prefix("r", 3) + "rank-00000.safetensors"
@@ -99,3 +117,22 @@ def test_a_checkpoint_on_s3_is_verified_on_download_and_on_load(
         weights.load(tier, run="r", cache_dir=fresh)
     assert "rank-00000.safetensors of run 'r' step 3" in str(excinfo.value)
     assert not list(fresh.glob("*/*.safetensors/*"))  # no version of it cached
+
+
+def test_a_rotten_cached_copy_fails_the_stream_and_is_fetched_again_next_time(
+    s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    tier, state = s3_bucket.tier(), _checkpoint_on_s3(s3_bucket)
+    cache = tmp_path / "cache"
+    assert_equal(dict(weights.iter_tensors(tier, run="r", cache_dir=cache)), state)
+    cached, size = _rot_cached_copy(cache)
+    # Its tensors were handed over before the check: this load fails, naming the file...
+    with pytest.raises(ChecksumMismatchError, match="the next load downloads it again") as exc:
+        dict(weights.iter_tensors(tier, run="r", cache_dir=cache))
+    assert "rank-00000.safetensors of run 'r' step 3" in str(exc.value)
+    assert not cached.exists()
+    # ...and the next one downloads the verified remote copy again.
+    again = weights.iter_tensors(tier, run="r", cache_dir=cache)
+    assert_equal(dict(again), state)
+    assert again.stats.downloaded == size
+    assert again.stats.verified_files == ["rank-00000.safetensors"]

@@ -131,6 +131,18 @@ class LocalTier(LocalFiles):
         """
         return self._path(key)
 
+    def open_object(self, key: str) -> tuple[int, int]:
+        """Open ``key`` for reading as the tier reads it; ``(fd, size)``, the caller closes fd.
+
+        For a caller that maps the file (``mmap``) rather than reading it: the same
+        checks as every read (``O_NOFOLLOW``, a regular file, no link on the way).
+
+        Raises:
+            ObjectNotFoundError: no such object, or it is not a regular file.
+            TierError: it cannot be opened.
+        """
+        return self._open_object(key)
+
     # --- the tier interface ------------------------------------------------
 
     @override

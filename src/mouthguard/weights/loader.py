@@ -142,16 +142,11 @@ def load(
     # a server has paid already) before the clock starts: ``seconds`` is the load's.
     target = _device(device)
     started = time.perf_counter()
-    remote = open_source(source, prefix=prefix, run=run, step=step)
-    if files is not None:
-        remote = _only(remote, files)
-    remote_tier = not isinstance(remote.tier, LocalTier)
-    cache = Path(cache_dir) if cache_dir is not None and remote_tier else None
-    opened, downloaded, refreshed = remote, 0, list[str]()
-    if cache is not None:
-        local = localize(remote, cache)
-        opened, downloaded = local.source, local.downloaded
-        refreshed.extend(local.refreshed)
+    found = open_weights(
+        source, prefix=prefix, run=run, step=step, files=files, cache_dir=cache_dir
+    )
+    remote, cache, opened = found.remote, found.cache, found.source
+    downloaded, refreshed = found.downloaded, list(found.refreshed)
     use_gds, gds_reason = _gds_choice(gds, target, opened)
     options = _Options(
         target,
@@ -186,6 +181,49 @@ def load(
     _collect(result, done)
     result.seconds = time.perf_counter() - started
     return result
+
+
+@dataclass(frozen=True)
+class OpenedWeights:
+    """A source recognised and, when remote with a cache, brought up to date in it.
+
+    Attributes:
+        remote: the source as given (its tier may be remote).
+        source: what to read: ``remote``, or its node-local copy under ``cache``.
+        cache: the node cache directory in use, or None.
+        downloaded: bytes pulled into the cache by this call.
+        refreshed: cached files that were stale (a new ETag or size) and fetched again.
+    """
+
+    remote: WeightSource
+    source: WeightSource
+    cache: Path | None
+    downloaded: int = 0
+    refreshed: tuple[str, ...] = ()
+
+
+def open_weights(
+    source: str | os.PathLike[str] | Tier,
+    *,
+    prefix: str = "",
+    run: str | None = None,
+    step: int | None = None,
+    files: Sequence[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> OpenedWeights:
+    """The first steps of every load: recognise ``source``, keep ``files``, localize.
+
+    Arguments as :func:`load`'s. Raises as :func:`load` does before reading tensors.
+    """
+    remote = open_source(source, prefix=prefix, run=run, step=step)
+    if files is not None:
+        remote = _only(remote, files)
+    remote_tier = not isinstance(remote.tier, LocalTier)
+    cache = Path(cache_dir) if cache_dir is not None and remote_tier else None
+    if cache is None:
+        return OpenedWeights(remote, remote, None)
+    local = localize(remote, cache)
+    return OpenedWeights(remote, local.source, cache, local.downloaded, tuple(local.refreshed))
 
 
 def _collect(result: LoadedWeights, done: list[tuple[FilePlan, list[torch.Tensor], int]]) -> None:
@@ -245,6 +283,21 @@ def _read_all(
     if options.target.type == "cuda":
         torch.cuda.synchronize(options.target)
     return done
+
+
+def read_file_to_host(
+    source: WeightSource, file: WeightFile, *, verify: bool, include: Sequence[str] | None
+) -> tuple[FilePlan, list[torch.Tensor], int]:
+    """One file of ``source`` into new host tensors, as :func:`load` reads it.
+
+    Returns its plan, its wanted tensors (in ``plan.wanted`` order) and the bytes
+    read. For a streaming reader of a source it cannot map (a remote tier read
+    without a cache). Raises as :func:`load` does, naming the file.
+    """
+    import torch  # noqa: PLC0415 - see _read_all
+
+    options = _Options(torch.device("cpu"), verify, None, include, False, 1, SLOT_BYTES, None)
+    return _read_one(source, file, options)
 
 
 def _read_one(

@@ -75,7 +75,7 @@ def read_file(
             hasher.update(view)
         total += view.nbytes
     if hasher is not None:
-        _check(plan, hasher)
+        check_file(plan, hasher)
     return total
 
 
@@ -106,7 +106,8 @@ def _direct(read: Read, outputs: list[torch.Tensor]) -> memoryview | None:
     return byte_view(out[part.dest_offset : part.dest_offset + part.length])
 
 
-def _check(plan: FilePlan, hasher: StreamHasher) -> None:
+def check_file(plan: FilePlan, hasher: StreamHasher) -> None:
+    """Raise :class:`ChecksumMismatchError` unless ``hasher`` (fed the whole file) matches."""
     file = plan.file
     if file.checksum is not None and hasher.xxh3 != file.checksum:
         raise ChecksumMismatchError(
