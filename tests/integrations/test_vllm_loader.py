@@ -5,7 +5,8 @@ with vLLM's ``safetensors`` loader, one with ``load_format="mouthguard"`` on a
 Hugging Face hub cache snapshot of the same model (every file a link
 into ``blobs/``), and one on a mouthguard checkpoint of the same weights (its model
 directory holds only ``config.json``), and reports tokens and top-5 log-probabilities
-of every prompt and generated position.
+of every prompt and generated position; a fourth start, on that checkpoint with one
+byte flipped, must fail.
 """
 
 from __future__ import annotations
@@ -39,3 +40,11 @@ def test_the_mouthguard_load_format_gives_the_default_loaders_logits(
     assert got["logprobs"] == reference["logprobs"]
     assert [len(rows) for rows in got["prompt_logprobs"]] == [299, 76]  # all but the first
     assert all(len(rows) == 8 for rows in got["logprobs"])
+
+
+def test_a_wrong_byte_in_the_weights_fails_the_engine_s_start(run: dict[str, Any]) -> None:
+    damaged = run["mouthguard_damaged"]
+    assert damaged["raised"], "the engine started on damaged weights"
+    # The engine's process names the file and the checkpoint in its error.
+    assert "refusing to serve damaged weights" in damaged["log"]
+    assert "rank-00000.safetensors of run 'tiny' step 3" in damaged["log"]

@@ -7,14 +7,15 @@ Saves the tiny model, copies its weights into a mouthguard checkpoint store (run
 another -- vLLM's own ``safetensors`` loader, ``load_format="mouthguard"`` on the
 hub snapshot, and on the checkpoint, with a model directory that holds only
 ``config.json`` (so no other loader could have found weights) -- and writes, for
-each, the
-generated tokens, the top-5 log-probabilities of every prompt and generated
-position, and the seconds from ``LLM(...)`` to the first request's end, to
-``WORKDIR/result.json``.
+each, the generated tokens, the top-5 log-probabilities of every prompt and
+generated position, and the seconds from ``LLM(...)`` to the first request's end,
+to ``WORKDIR/result.json``. A fourth start, on a copy of the checkpoint with one
+byte flipped, must fail: its error and the engine's log are written too.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -52,6 +53,29 @@ def run_engine(model: Path, load_format: str, extra: dict[str, Any] | None) -> d
     return result
 
 
+def failed_start(model: Path, extra: dict[str, Any], log: Path) -> dict[str, Any]:
+    """Start an engine that must fail to load; what it raised and logged.
+
+    The engine's own process reports the loader's error on the standard error it
+    inherits, so that is sent to ``log`` for the start.
+    """
+    saved = os.dup(2)
+    try:
+        with log.open("w") as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                llm = start_engine(model, load_format="mouthguard", model_loader_extra_config=extra)
+            except Exception as exc:  # vLLM re-raises the engine's failure as its own
+                raised = f"{type(exc).__name__}: {exc}"
+            else:
+                close_engine(llm)
+                raised = ""
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return {"raised": raised, "log": log.read_text(errors="replace")[-20000:]}
+
+
 def main() -> None:
     quiet_engine()
     work = Path(sys.argv[1])
@@ -69,6 +93,13 @@ def main() -> None:
     shutil.copy(model / "config.json", config_only / "config.json")
     hub = work / "hub"
     snapshot = next(hub.glob("models--*/snapshots/*"), None) or make_hub_cache(hub, model)
+    damaged = work / "damaged-store"
+    if not damaged.exists():
+        shutil.copytree(store, damaged)
+        rank_file = next(damaged.glob("**/tiny/*/rank-00000.safetensors"))
+        data = bytearray(rank_file.read_bytes())
+        data[-3] ^= 0xFF  # in the last tensor's data
+        rank_file.write_bytes(bytes(data))
     result = {
         "safetensors": run_engine(model, "safetensors", None),
         # No engine on the plain directory: the snapshot is one with links, which is the
@@ -77,6 +108,10 @@ def main() -> None:
         "mouthguard_hub": run_engine(snapshot, "mouthguard", None),
         "mouthguard_checkpoint": run_engine(
             config_only, "mouthguard", {"source": str(store), "run": "tiny", "step": 3}
+        ),
+        # The same checkpoint with one byte flipped: the engine must not start.
+        "mouthguard_damaged": failed_start(
+            config_only, {"source": str(damaged), "run": "tiny", "step": 3}, work / "damaged.log"
         ),
     }
     write_result(work / "result.json", result)

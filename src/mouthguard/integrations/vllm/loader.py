@@ -1,4 +1,4 @@
-"""The ``mouthguard`` load format: vLLM reads model weights through :func:`mouthguard.weights.load`.
+"""The ``mouthguard`` load format: vLLM streams weights from mouthguard.weights.iter_tensors.
 
 Imports vLLM. Registered by :func:`register`, which vLLM calls in each of its
 processes through the ``vllm.general_plugins`` entry point that installing
@@ -16,16 +16,20 @@ mouthguard declares; ``LLM(model=..., load_format="mouthguard")`` and
 * ``verify`` (default true): every file with a checksum (a manifest's xxh3) is
   checked, and a mismatch fails the load.
 
-Every tensor is read whole, verified, and handed to the model's own
-``load_weights``, whose per-parameter loaders take this rank's slice under tensor
-parallelism (and fuse q/k/v and gate/up): the same path vLLM's default loader
-takes, so a parameter is sliced exactly as vLLM expects.
+The weights are streamed: each tensor is handed to the model's own
+``load_weights`` as a view of the mapped file as soon as it is reached (no
+private copy of the file; memory beyond the model's own parameters is the page
+cache), and the model's per-parameter loaders copy it into place, taking this
+rank's slice under tensor parallelism (and fusing q/k/v and gate/up): the same
+path vLLM's default loader takes. A file with a checksum is hashed on a thread
+while its tensors are copied, and checked before the load returns: a wrong byte
+raises :class:`~mouthguard.errors.WeightsError` naming the file, and the engine
+fails to start rather than serve a token.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +37,7 @@ import torch
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-from mouthguard.errors import WeightsError
+from mouthguard.errors import ChecksumMismatchError, WeightsError
 
 log = logging.getLogger(__name__)
 
@@ -64,30 +68,35 @@ class MouthguardModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM is u
         """Nothing to fetch ahead: a remote source is pulled into its cache on load."""
 
     def load_weights(self, model: torch.nn.Module, model_config: Any) -> None:
-        """Read, verify and hand every tensor to ``model.load_weights``.
+        """Stream every tensor into ``model.load_weights``; verify before returning.
 
         Raises:
-            WeightsError: a parameter of the model got no tensor, or bad options.
+            WeightsError: a file failed its checksum, a parameter of the model got
+                no tensor, or bad options.
         """
         from mouthguard import weights  # noqa: PLC0415 - torch-heavy, only when loading
 
         options = loader_options(self.load_config.model_loader_extra_config)
         source = options.pop("source", None) or str(model_config.model)
-        started = time.perf_counter()
-        loaded = weights.load(source, device="cpu", **options)
-        # every vLLM model defines load_weights (torch types module attributes as Tensor)
-        names = model.load_weights(loaded.tensors.items())  # type: ignore[operator]
+        stream = weights.iter_tensors(source, **options)
+        try:
+            # every vLLM model defines load_weights (torch types module attributes as Tensor)
+            names = model.load_weights(stream)  # type: ignore[operator]
+            stream.check()  # a model that stopped iterating early: check what it took
+        except ChecksumMismatchError as exc:
+            raise WeightsError(f"refusing to serve damaged weights: {exc}") from exc
         if names is not None:
             missing = sorted({name for name, _ in model.named_parameters()} - set(names))
             if missing:
-                raise WeightsError(f"{loaded.source}: no weights for {missing[:5]} (and more?)")
+                raise WeightsError(f"{stream.source}: no weights for {missing[:5]} (and more?)")
+        stats = stream.stats
         log.info(
             "mouthguard: %.2f GiB of weights from %s (%s, %d verified files) in %.2f s",
-            loaded.nbytes / 2**30,
-            loaded.source,
-            loaded.kind,
-            len(loaded.verified_files),
-            time.perf_counter() - started,
+            stats.nbytes / 2**30,
+            stream.source,
+            stream.kind,
+            len(stats.verified_files),
+            stats.seconds,
         )
 
 
