@@ -56,13 +56,17 @@ def run_engine(model: Path, load_format: str, extra: dict[str, Any] | None) -> d
 def failed_start(model: Path, extra: dict[str, Any], log: Path) -> dict[str, Any]:
     """Start an engine that must fail to load; what it raised and logged.
 
-    The engine's own process reports the loader's error on the standard error it
-    inherits, so that is sent to ``log`` for the start.
+    The engine's worker process logs the loader's error (vLLM's logger writes to
+    standard output, tracebacks go to standard error), so both descriptors, which
+    the engine's processes inherit, are sent to ``log`` for the start.
     """
-    saved = os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
     try:
         with log.open("w") as sink:
-            os.dup2(sink.fileno(), 2)
+            for fd in saved:
+                os.dup2(sink.fileno(), fd)
             try:
                 llm = start_engine(model, load_format="mouthguard", model_loader_extra_config=extra)
             except Exception as exc:  # vLLM re-raises the engine's failure as its own
@@ -70,9 +74,12 @@ def failed_start(model: Path, extra: dict[str, Any], log: Path) -> dict[str, Any
             else:
                 close_engine(llm)
                 raised = ""
+            sys.stdout.flush()
+            sys.stderr.flush()
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
     return {"raised": raised, "log": log.read_text(errors="replace")[-20000:]}
 
 
