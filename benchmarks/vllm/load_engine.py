@@ -13,9 +13,10 @@ files evicted from the page cache first, see ``benchmarks.harness.CacheDrop``;
 one-token request (start to first token; importing vLLM in this process is
 before the clock), then generates 8 tokens untimed (compared across formats).
 The engine's model runner's ``load_model`` (building the model and filling its
-weights, as vLLM does it for every format) is timed inside the engine process by
-a wrapper this module installs in every process the engine spawns. Prints one
-JSON line.
+weights, as vLLM does it for every format), and within it the format's loader's
+``load_weights`` (reading the files and the model's copies into its parameters),
+are timed inside the engine process by wrappers this module installs in every
+process the engine spawns. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -58,18 +59,39 @@ def _time_model_loads() -> None:
     log = os.environ.get(TIMES_ENV)
     if not log:
         return
+    from vllm.model_executor import model_loader  # noqa: PLC0415
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner  # noqa: PLC0415
+
+    def record(key: str, seconds: float) -> None:
+        with open(log, "a") as handle:
+            handle.write(json.dumps({key: seconds}) + "\n")
 
     original = CPUModelRunner.load_model
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> None:
         started = time.perf_counter()
         original(self, *args, **kwargs)
-        seconds = time.perf_counter() - started
-        with open(log, "a") as handle:
-            handle.write(json.dumps({"load_s": seconds}) + "\n")
+        record("load_s", time.perf_counter() - started)
 
     CPUModelRunner.load_model = load_model
+    # The loader's own load_weights (reading the files and the model's copies into its
+    # parameters), on the loader object vLLM builds for the format, whatever its class.
+    make_loader = model_loader.get_model_loader
+
+    def get_model_loader(load_config: Any) -> Any:
+        loader = make_loader(load_config)
+        weights = loader.load_weights
+
+        def load_weights(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            out = weights(*args, **kwargs)
+            record("weights_s", time.perf_counter() - started)
+            return out
+
+        loader.load_weights = load_weights
+        return loader
+
+    model_loader.get_model_loader = get_model_loader
 
 
 def model_dir(work: Path) -> Path:
@@ -142,10 +164,13 @@ def start_once(fmt: str, work: Path, cold: bool) -> dict[str, Any]:
     first_token = time.perf_counter() - started
     out = llm.generate(request, SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
     close_engine(llm)
-    loads = [json.loads(line) for line in log.read_text().splitlines() if line]
+    times = [json.loads(line) for line in log.read_text().splitlines() if line]
+    loads = [t["load_s"] for t in times if "load_s" in t]
+    weights = [t["weights_s"] for t in times if "weights_s" in t]
     return {
         "start_to_first_token_s": first_token,
-        "load_s": loads[-1]["load_s"] if loads else None,
+        "load_s": loads[-1] if loads else None,
+        "weights_s": weights[-1] if weights else None,
         "tokens": list(out[0].outputs[0].token_ids),
     }
 

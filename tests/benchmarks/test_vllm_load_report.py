@@ -10,7 +10,8 @@ from benchmarks.vllm.load import FORMATS, first_error, report, shown_args, summa
 
 def _run(start: float, load: float, tokens: list[int]) -> dict[str, Any]:
     state = {"start_to_first_token_s": start, "load_s": load, "tokens": tokens}
-    return {"cold": state, "warm": {**state, "load_s": load / 2}}
+    state["weights_s"] = load / 4  # the loader's load_weights, inside load_model
+    return {"cold": state, "warm": {**state, "load_s": load / 2, "weights_s": load / 8}}
 
 
 def test_the_root_cause_is_the_first_error_not_the_engines_wrapper() -> None:
@@ -51,8 +52,13 @@ def test_every_format_gets_a_row_and_the_target_a_verdict() -> None:
         assert f"`{fmt}`" in text
     assert "failed: AssertionError: cuda" in text
     # mouthguard loads 1 GiB in 1 s cold, 0.5 s warm; the best peer in 2 s and 1 s
+    load_model, load_weights = "| load_model GiB/s", "| load_weights GiB/s"
+    assert f"{load_model} >= the best peer's, page cache cold (mouthguard 1.00, best" in text
     assert "page cache cold (mouthguard 1.00, best peer `safetensors` 0.50) | met" in text
     assert "page cache warm (mouthguard 2.00, best peer `safetensors` 1.00) | met" in text
+    # load_weights alone: 0.25 s cold and 0.125 s warm against the peer's 0.5 and 0.25
+    assert f"{load_weights} >= the best peer's, page cache cold (mouthguard 4.00" in text
+    assert "page cache warm (mouthguard 8.00, best peer `safetensors` 4.00) | met" in text
     tensorizer_row = next(line for line in text.splitlines() if "`tensorizer`" in line)
     assert tensorizer_row.endswith("| NO |")  # other tokens than the default loader's
 
