@@ -34,7 +34,7 @@ ENGINE = ROOT / "benchmarks" / "vllm" / "load_engine.py"
 FORMATS = ["safetensors", "mouthguard", "runai_streamer", "fastsafetensors", "tensorizer"]
 LABELS = {
     "safetensors": "`safetensors` (vLLM's default loader)",
-    "mouthguard": "`mouthguard` (mouthguard.weights.load of the HF directory)",
+    "mouthguard": "`mouthguard` (mouthguard.weights.iter_tensors of the HF directory, streamed)",
     "runai_streamer": "`runai_streamer` (Run:ai Model Streamer)",
     "fastsafetensors": "`fastsafetensors`",
     "tensorizer": "`tensorizer` (its own .tensors file of the same state dict)",
