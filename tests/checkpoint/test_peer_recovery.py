@@ -117,7 +117,7 @@ _sending_step = [0]
 
 
 def _die_in_the_middle_of_sending(step: int) -> None:
-    """SIGKILL this process after its first chunk of a copy of ``step`` went out."""
+    """SIGKILL this process once its first chunk of a copy of ``step`` was posted."""
     real = dist.isend
     sent = [0]
 

@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 #: Where node areas live by default: tmpfs, so "on disk" means in the node's RAM. A
 #: fixed name per user, because restarted processes must find it again.
 DEFAULT_PATH = f"/dev/shm/mouthguard-peers-{os.getuid()}"  # noqa: S108 - see above
-#: Bytes of one transfer chunk: a rank holds at most this much per copy in flight.
-DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
+#: Bytes of one transfer chunk (a view of the file, not a buffer: see peer_transfer).
+#: Smaller chunks let the receiver hash one while the next ones are on the wire.
+DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _RANK_FILE = re.compile(r"rank-(\d+)\.safetensors")
@@ -59,7 +60,9 @@ class PeerMemory:
         disk_every: besides milestone and critical saves, which always go to the
             store too, every ``disk_every``-th transient or routine save also goes
             there (0: never; they live in peer memory only).
-        chunk_bytes: transfer chunk; bounds each transfer's buffers.
+        chunk_bytes: transfer chunk: the bytes one send covers and the receiver
+            hashes at a time (the link sends from and receives into the files
+            themselves, so it adds no buffers of this size).
         timeout: seconds a peer transfer waits before the peer is given up on.
     """
 
