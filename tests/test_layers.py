@@ -356,3 +356,42 @@ def test_the_surface_rule_can_fail() -> None:
     assert _checkpoint_imports_beside_the_surface(toy) == {
         "mouthguard.integrations.hf": ["mouthguard.checkpoint.sidecars"]
     }
+
+
+# --- the S3 tier is used through its package --------------------------------------------
+
+#: The S3 tier's package; its modules (connection, control plane, probe, create
+#: guards, versions, parts) are its own business.
+S3_PACKAGE = "mouthguard.tiers.s3"
+
+
+def _s3_internals_imported_from_outside(graph: Mapping[str, Set[str]]) -> dict[str, list[str]]:
+    inside = f"{S3_PACKAGE}."
+    return {
+        module: sorted(bad)
+        for module, targets in graph.items()
+        if module != S3_PACKAGE and not module.startswith(inside)
+        for bad in [{t for t in targets if t.startswith(inside)}]
+        if bad
+    }
+
+
+def test_the_s3_tier_is_imported_only_through_its_package() -> None:
+    """Everything outside ``tiers/s3/`` imports ``mouthguard.tiers.s3`` and nothing below it.
+
+    What a caller needs (``S3Tier``, ``S3Probe``, ``CreateGuard``, ``warm_up``) is
+    re-exported there, so the package can be regrouped without touching its callers.
+    """
+    found = _s3_internals_imported_from_outside(GRAPH)
+    assert not found, f"modules importing S3 internals beside the package: {found}"
+
+
+def test_the_s3_rule_can_fail() -> None:
+    toy = {
+        "mouthguard.data.location": {S3_PACKAGE},
+        "mouthguard.data.worker_preload": {"mouthguard.tiers.s3.connect"},
+        "mouthguard.tiers.s3.tier": {"mouthguard.tiers.s3.connect"},  # inside: allowed
+    }
+    assert _s3_internals_imported_from_outside(toy) == {
+        "mouthguard.data.worker_preload": ["mouthguard.tiers.s3.connect"]
+    }

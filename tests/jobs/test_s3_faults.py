@@ -214,7 +214,7 @@ def test_delete_survives_a_connection_reset(s3_bucket: S3Bucket, proxy: FaultPro
 
 # Create-only PUTs are not idempotent, so the client does not retry them, and a
 # retry after a lost reply used to come back 412 as if another writer had won:
-# tiers/s3_create.py retries and settles a 412 by comparing the stored bytes.
+# tiers/s3/create.py retries and settles a 412 by comparing the stored bytes.
 
 
 @pytest.mark.parametrize(

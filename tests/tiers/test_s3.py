@@ -18,11 +18,11 @@ from botocore.exceptions import ClientError
 
 from mouthguard.errors import ObjectExistsError, ObjectNotFoundError, TierError
 from mouthguard.testing.conformance import MiB, TierConformance, payload
-from mouthguard.tiers import s3_create
 from mouthguard.tiers.base import PutMode, Tier
 from mouthguard.tiers.s3 import CreateGuard, S3Tier
-from mouthguard.tiers.s3_create import rivals
-from mouthguard.tiers.s3_versions import VersionEntry, _merge_page, version_history
+from mouthguard.tiers.s3 import create as s3_create
+from mouthguard.tiers.s3.create import rivals
+from mouthguard.tiers.s3.versions import VersionEntry, _merge_page, version_history
 from tests.s3.fixtures import S3Bucket, S3Server
 
 

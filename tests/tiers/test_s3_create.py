@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mouthguard.errors import InvalidKeyError, ObjectExistsError, TierError
-from mouthguard.tiers.s3_create import create_with_retries
+from mouthguard.tiers.s3.create import create_with_retries
 
 PAYLOAD = memoryview(b"our bytes")
 

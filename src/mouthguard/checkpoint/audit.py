@@ -28,7 +28,7 @@ win, and the other re-reads the new head and retries with the number after it
 (at most :data:`MAX_RACES` times). Where a tier cannot make create-only atomic
 (``capabilities.conditional_put`` false: an S3 bucket with versioning whose
 server ignores ``If-None-Match``), the tier's own arbitration picks the winner
-(:mod:`mouthguard.tiers.s3_create`).
+(:mod:`mouthguard.tiers.s3.create`).
 
 Cost: each process keeps the head (next number, digest of the last record) of
 each tier's trail in memory, one small entry per tier object it has written

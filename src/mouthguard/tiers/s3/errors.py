@@ -7,7 +7,7 @@ and never a credential: the libraries' own texts are cut to their first line
 and passed through the credentials' ``redact`` before they are quoted.
 
 The functions take their context (endpoint, bucket, the credentials to scrub)
-as arguments; :class:`~mouthguard.tiers.s3_control.S3Control` supplies its own.
+as arguments; :class:`~mouthguard.tiers.s3.control.S3Control` supplies its own.
 """
 
 from __future__ import annotations

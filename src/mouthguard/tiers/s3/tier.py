@@ -1,53 +1,9 @@
-"""An S3 tier: objects in a bucket, under an optional prefix, through obstore.
+"""S3Tier: the Tier contract kept over an S3 bucket.
 
-Key ``a/b`` of ``S3Tier("s3://bucket/runs")`` is the S3 object ``runs/a/b``.
-obstore (Rust, ``object_store``) carries the bytes. The rest is in modules
-with one job each:
-
-* :mod:`~mouthguard.tiers.s3_connect`: settings, credentials, both planes' clients.
-* :mod:`~mouthguard.tiers.s3_control`: the control plane (botocore) for what
-  obstore cannot do: listing, tags, legal holds, abandoned uploads.
-* :mod:`~mouthguard.tiers.s3_errors`: both libraries' failures as our TierErrors.
-* :mod:`~mouthguard.tiers.s3_probe`: what the server really does, measured at open.
-* :mod:`~mouthguard.tiers.s3_create`: how CREATE stays create-only (the guards,
-  the oldest-version arbitration and its residual risks, retries after a lost reply).
-* :mod:`~mouthguard.tiers.s3_versions`: object versions in the server's order.
-* :mod:`~mouthguard.tiers.s3_parts`: a caller's stream regrouped into upload parts.
-
-How the tier keeps the contract of :mod:`mouthguard.tiers.base`:
-
-* **All-or-nothing put.** Up to ``part_size`` bytes go in one PUT; larger
-  objects go in a multipart upload of ``part_size`` parts, ``max_concurrency``
-  in flight. S3 publishes a multipart object only when the upload completes, so
-  readers never see a prefix. If the caller's stream raises, obstore aborts the
-  upload and the caller's exception propagates unchanged. A process killed
-  mid-upload leaves an invisible upload that :meth:`S3Tier.collect_incomplete`
-  aborts.
-* **Streams are copied once.** obstore keeps references to the buffers it was
-  given until their part is sent, while a streaming caller may refill one buffer
-  for every chunk; each chunk is therefore copied into a private part buffer
-  (:mod:`~mouthguard.tiers.s3_parts`). A single buffer is passed through
-  uncopied (``put`` returns only after the upload, so the caller cannot change
-  it meanwhile).
-* **Create-only put** is guarded as the open-time probe found possible
-  (:class:`~mouthguard.tiers.s3_create.CreateGuard`; its module has the protocol
-  and its residual risks): ``If-None-Match: *`` on a single PUT where the server
-  enforces it; on versioned buckets that ignore it (Ceph RGW), a PUT of any size,
-  then the oldest version wins and losers remove theirs; elsewhere a racy
-  HEAD-then-PUT (``capabilities.conditional_put`` false).
-* **Ranges are checked against the real size.** S3 silently shortens a range
-  that runs past the end; the tier compares it with the object size in the
-  response and raises instead.
-* **Listing goes through botocore,** not obstore: obstore matches prefixes on
-  whole path segments only, and it fails the *whole* listing when one foreign
-  object has a name it cannot parse (``a//b``), which would let any other tool
-  writing to the bucket hide every checkpoint. Objects whose names are not
-  valid keys (the probe's dot-named keys, foreign uploads) are skipped.
-* **No rename.** S3 has no atomic rename: ``atomic_rename`` is false and
-  ``rename_prefix`` raises :class:`UnsupportedOperationError`.
-
-Errors are :class:`~mouthguard.errors.TierError` subclasses whose message names
-the object, the bucket and the endpoint, and never a credential.
+How each promise of :mod:`mouthguard.tiers.base` is kept (all-or-nothing put,
+streams copied once, create-only put, checked ranges, listing through botocore,
+no rename) is written in the package docstring, :mod:`mouthguard.tiers.s3`;
+this module composes the package's other modules into the tier.
 """
 
 from __future__ import annotations
@@ -76,18 +32,18 @@ from mouthguard.tiers.object_keys import (
     validate_prefix,
 )
 from mouthguard.tiers.ranges import check_range
-from mouthguard.tiers.s3_connect import connect
-from mouthguard.tiers.s3_control import check_tags, etag
-from mouthguard.tiers.s3_create import CreateGuard, create_with_retries, settle_versioned_create
-from mouthguard.tiers.s3_errors import OBSTORE_ERRORS
-from mouthguard.tiers.s3_parts import put_payload
-from mouthguard.tiers.s3_probe import S3Probe, probe_bucket, unprobed
-from mouthguard.tiers.s3_versions import version_history
+from mouthguard.tiers.s3.connect import connect
+from mouthguard.tiers.s3.control import check_tags, etag
+from mouthguard.tiers.s3.create import CreateGuard, create_with_retries, settle_versioned_create
+from mouthguard.tiers.s3.errors import OBSTORE_ERRORS
+from mouthguard.tiers.s3.parts import put_payload
+from mouthguard.tiers.s3.probe import S3Probe, probe_bucket, unprobed
+from mouthguard.tiers.s3.versions import version_history
 
 if TYPE_CHECKING:
     from obstore import GetOptions, GetResult, PutResult
 
-__all__ = ["CreateGuard", "S3Probe", "S3Tier"]
+__all__ = ["S3Tier"]
 
 MiB = 1024 * 1024
 #: S3's smallest part (except the last) and largest single PUT.

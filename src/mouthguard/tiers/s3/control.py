@@ -5,10 +5,10 @@ lists (see :mod:`mouthguard.tiers.s3` for why listing does not go through
 obstore), reads and writes object tags and Object Lock legal holds, and aborts
 abandoned multipart uploads. Every failure becomes a
 :class:`~mouthguard.errors.TierError` naming the object, the bucket and the
-endpoint (:mod:`mouthguard.tiers.s3_errors`), never a credential.
+endpoint (:mod:`mouthguard.tiers.s3.errors`), never a credential.
 
-It is made by :func:`mouthguard.tiers.s3_connect.connect`; object versions are
-in :mod:`mouthguard.tiers.s3_versions`. botocore has no type hints: its objects
+It is made by :func:`mouthguard.tiers.s3.connect.connect`; object versions are
+in :mod:`mouthguard.tiers.s3.versions`. botocore has no type hints: its objects
 are ``Any``.
 """
 
@@ -23,7 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from mouthguard.errors import TierError
 from mouthguard.tiers.base import ObjectInfo
-from mouthguard.tiers.s3_errors import (
+from mouthguard.tiers.s3.errors import (
     NO_HOLD,
     Secrets,
     client_error,

@@ -1,6 +1,6 @@
 """How ``PutMode.CREATE`` stays create-only on S3: the guards, the arbitration, the retries.
 
-The open-time probe (:mod:`mouthguard.tiers.s3_probe`) measures what the server
+The open-time probe (:mod:`mouthguard.tiers.s3.probe`) measures what the server
 honours and picks one :class:`CreateGuard` for ``S3Tier.put(mode=CREATE)``:
 
 ``IF_NONE_MATCH``: the server refuses the second create. Atomic, and a loser's
@@ -8,7 +8,7 @@ bytes are never visible; one single PUT (held in memory, at most 5 GiB).
 
 ``OLDEST_VERSION``: versioning *Enabled*, header ignored. A creator checks that
 the key is absent (HEAD), PUTs (single or multipart), lists the key's versions
-in the server's order (:func:`~mouthguard.tiers.s3_versions.version_history`)
+in the server's order (:func:`~mouthguard.tiers.s3.versions.version_history`)
 and applies one rule: **the oldest version since the newest delete marker
 wins**. A loser deletes its own version by id, so the winner's is the latest
 again, and raises ``ObjectExistsError``; where deleting is refused (a default
@@ -80,7 +80,7 @@ from mouthguard.errors import (
     TierError,
     UnsupportedOperationError,
 )
-from mouthguard.tiers.s3_versions import (
+from mouthguard.tiers.s3.versions import (
     VersionEntry,
     delete_version,
     restore_version,
@@ -88,7 +88,7 @@ from mouthguard.tiers.s3_versions import (
 )
 
 if TYPE_CHECKING:
-    from mouthguard.tiers.s3_control import S3Control
+    from mouthguard.tiers.s3.control import S3Control
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 *measures* whether the server refuses a second create-only put (``If-None-Match:
 *``); Ceph RGW honours it on plain buckets and ignores it on versioned and
 Object-Lock ones. The finding picks the
-:class:`~mouthguard.tiers.s3_create.CreateGuard` of ``S3Tier.put(mode=CREATE)``
+:class:`~mouthguard.tiers.s3.create.CreateGuard` of ``S3Tier.put(mode=CREATE)``
 (the guards, their protocol and its residual risks are documented there): the
 server's own refusal where it is honoured, else the oldest-version rule where
 versioning is enabled and the server lists the probe's versions in the order
@@ -25,14 +25,14 @@ import obstore.exceptions
 from botocore.exceptions import BotoCoreError, ClientError
 
 from mouthguard.errors import TierError
-from mouthguard.tiers.s3_create import CreateGuard
-from mouthguard.tiers.s3_errors import OBSTORE_ERRORS, error_code
-from mouthguard.tiers.s3_versions import delete_version, record_version_order, version_history
+from mouthguard.tiers.s3.create import CreateGuard
+from mouthguard.tiers.s3.errors import OBSTORE_ERRORS, error_code
+from mouthguard.tiers.s3.versions import delete_version, record_version_order, version_history
 
 if TYPE_CHECKING:
     from obstore.store import S3Store
 
-    from mouthguard.tiers.s3_control import S3Control
+    from mouthguard.tiers.s3.control import S3Control
 
 #: Where probe objects go, under the tier's prefix: dot-named, so never a valid
 #: key (no caller can collide with it) and never listed.

@@ -3,13 +3,13 @@
 :func:`connect` resolves a tier's settings (arguments, else the ``AWS_*``
 environment) and opens both planes on the same endpoint and credentials: the
 obstore store that carries the bytes, and the control plane
-(:class:`~mouthguard.tiers.s3_control.S3Control`, botocore) for what obstore
+(:class:`~mouthguard.tiers.s3.control.S3Control`, botocore) for what obstore
 cannot do. It checks the bucket before returning, so a missing bucket or a dead
 endpoint fails within seconds rather than at the first save.
 
 :class:`Credentials` is the only holder of the secrets: its ``repr`` shows none
 and :meth:`Credentials.redact` scrubs them out of any text bound for an error
-message (:mod:`mouthguard.tiers.s3_errors`). botocore has no type hints: its
+message (:mod:`mouthguard.tiers.s3.errors`). botocore has no type hints: its
 objects are ``Any``.
 """
 
@@ -30,8 +30,8 @@ from typing_extensions import override
 
 from mouthguard.errors import InvalidKeyError, TierError
 from mouthguard.tiers.object_keys import validate_key
-from mouthguard.tiers.s3_control import S3Control
-from mouthguard.tiers.s3_errors import MISSING_BUCKET, OBSTORE_ERRORS, error_code, short_reason
+from mouthguard.tiers.s3.control import S3Control
+from mouthguard.tiers.s3.errors import MISSING_BUCKET, OBSTORE_ERRORS, error_code, short_reason
 
 if TYPE_CHECKING:
     from obstore.store import S3Config

@@ -6,7 +6,7 @@ record of which write came after which, and the same for every reader; the
 timestamps are not (concurrent PUTs list out of ``LastModified`` order on Ceph
 RGW, and AWS lists whole seconds). :func:`version_history` keeps that order --
 botocore loses it, see :func:`record_version_order` -- and the create
-arbitration of :mod:`mouthguard.tiers.s3_create` stands on it.
+arbitration of :mod:`mouthguard.tiers.s3.create` stands on it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from xml.etree import ElementTree
 from mouthguard.errors import TierError
 
 if TYPE_CHECKING:
-    from mouthguard.tiers.s3_control import S3Control
+    from mouthguard.tiers.s3.control import S3Control
 
 # Where the after-call hook leaves a ListObjectVersions page's entry order (see _keep_order).
 _ORDER = "MouthguardEntryOrder"
