@@ -144,7 +144,7 @@ def test_a_crash_is_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     def broken(*args: object, **kwargs: object) -> None:
         raise AttributeError("a bug, not a storage fault")
 
-    monkeypatch.setattr("mouthguard.chaos.apply_retention", broken)
+    monkeypatch.setattr("mouthguard.chaos.run.apply_retention", broken)
     report = run_chaos(mouthguard.open_store(tmp_path / "s"), rounds=2, plan=FaultPlan(), run="c")
     assert report.crashes == 2 and not report.ok
     assert "retention crashed: AttributeError" in report.failures[0]

@@ -1,44 +1,6 @@
-"""Chaos: save, load, replicate, retain and collect through faulty tiers; judge with clean ones.
+"""The rounds of a chaos run through faulty tiers, and the judge through clean ones.
 
-A chaos run drives one scratch run of a store for many rounds. Every tier is
-wrapped in a :class:`~mouthguard.tiers.faults.FaultyTier` (seeded, confined to
-``<run>/`` so nothing else on the store can be touched). Each round, through
-the faulty tiers:
-
-1. ``save`` the next step, then ``save_async`` the one after (importance drawn
-   at random; the state of a step is a pure function of the step);
-2. ``load()`` the newest valid checkpoint, and ``load(step)`` one acknowledged step;
-3. one replication pass, one retention pass (trash delay 0, so purges happen
-   within a few rounds) and garbage collection of partial saves.
-
-Then, through the *unwrapped* tiers, the invariants are checked:
-
-``accepted_corrupt``   every checkpoint a load accepted (faulty or clean tiers)
-                       holds exactly the state saved at its step;
-``lost_acknowledged``  every acknowledged save (returned without error) still
-                       loads from some tier, unless retention decided to delete
-                       it, or the storage acknowledged a torn or short write of
-                       it *while it was being saved* (then no copy was ever
-                       intact: counted apart as ``lost_to_storage``);
-``writes_outside``     no write outside ``<run>/`` was attempted;
-``crashes``            no operation raised anything but a ``MouthguardError``;
-``false_damage``       every copy set aside (``<step>.rejected-<id>/``) fails
-                       verification through the unwrapped tier: an intact copy
-                       is never moved, whatever the faulty tiers made a reader
-                       see (a bit flip on read, an I/O error, a timeout) -- so
-                       a round in which only transient faults hit a copy moves
-                       none;
-``false_receipt``      every copy with a receipt (``sidecar.verified.json``)
-                       verifies through the unwrapped tier now.
-
-A round *survives* when none of these happened in it; the injected faults of
-surviving rounds are the ``survived`` count. One function,
-:func:`run_chaos`, serves the ``mouthguard chaos`` command and
-``reliability/chaos.py``.
-
-A layer of its own, above the storage core (it drives checkpoint and jobs
-through fault-injecting tiers) and below the CLI: an exercise that judges the
-store, not a job the store runs, so nothing in the core imports it.
+The invariants it checks are listed in the package docstring, :mod:`mouthguard.chaos`.
 """
 
 from __future__ import annotations
@@ -56,6 +18,8 @@ from typing import TypeVar
 
 import xxhash
 
+from mouthguard.chaos.report import ChaosReport
+from mouthguard.chaos.state import chaos_state, same_state
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.audit import TRAIL_DIR
 from mouthguard.checkpoint.checkpointer import Checkpointer
@@ -90,50 +54,6 @@ _SILENT = ("torn", "short")
 _T = TypeVar("_T")
 
 
-def chaos_state(step: int) -> dict[str, object]:
-    """The state saved at ``step``: deterministic, a few KiB, of varying size and dtypes."""
-    # torch is imported here, not at the top: `mouthguard --help` imports this module.
-    import torch  # noqa: PLC0415
-
-    gen = torch.Generator().manual_seed(step)
-    n = 64 + (step * 37) % 1500
-    return {
-        "model": {
-            "w": torch.randn(n, generator=gen),
-            "b": torch.arange(step % 17, dtype=torch.int64),
-            "h": torch.randn(3, step % 5 + 1, generator=gen).to(torch.float16),
-        },
-        "step": step,
-        "tag": f"step-{step}",
-    }
-
-
-def same_state(got: object, want: object) -> bool:
-    """Exact equality: same structure, same plain values, tensors with identical bytes."""
-    import torch  # noqa: PLC0415 - see chaos_state
-
-    if isinstance(want, torch.Tensor):
-        return (
-            isinstance(got, torch.Tensor)
-            and got.dtype == want.dtype
-            and got.shape == want.shape
-            and torch.equal(got, want)
-        )
-    if isinstance(want, dict):
-        return (
-            isinstance(got, dict)
-            and got.keys() == want.keys()
-            and all(same_state(got[k], want[k]) for k in want)
-        )
-    if isinstance(want, list | tuple):
-        return (
-            type(got) is type(want)
-            and len(got) == len(want)
-            and all(same_state(a, b) for a, b in zip(got, want, strict=True))
-        )
-    return type(got) is type(want) and got == want
-
-
 def chaos_policy(policy: PolicyConfig) -> PolicyConfig:
     """``policy`` with every trash delay 0, so retention's purges happen during the run."""
     levels = {
@@ -146,75 +66,6 @@ def scratch_run_name(now: float | None = None) -> str:
     """A fresh run name for a chaos run: ``chaos-YYYYmmdd-HHMMSS-<random>``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
     return f"chaos-{stamp}-{random.randbytes(3).hex()}"  # noqa: S311 - a name, not a secret
-
-
-@dataclass
-class ChaosReport:
-    """What a chaos run injected and whether every invariant held.
-
-    The never-events are ``accepted_corrupt``, ``lost_acknowledged``,
-    ``writes_outside``, ``crashes``, ``false_damage`` and ``false_receipt``;
-    :attr:`ok` is True when all are zero. ``set_aside`` and ``receipts_checked``
-    count what the last two judged.
-    """
-
-    run: str
-    plan: str
-    seed: int
-    rounds: int = 0
-    rounds_ok: int = 0
-    injected: Counter[str] = field(default_factory=Counter)
-    survived: int = 0
-    saves: int = 0
-    acknowledged: int = 0
-    save_errors: Counter[str] = field(default_factory=Counter)
-    failed_but_visible: int = 0
-    loads: int = 0
-    load_fallbacks: int = 0
-    load_errors: Counter[str] = field(default_factory=Counter)
-    pass_errors: Counter[str] = field(default_factory=Counter)
-    deleted_by_policy: int = 0
-    lost_to_storage: int = 0
-    listed_damaged: int = 0
-    accepted_corrupt: int = 0
-    lost_acknowledged: int = 0
-    writes_outside: int = 0
-    crashes: int = 0
-    false_damage: int = 0
-    false_receipt: int = 0
-    set_aside: int = 0
-    receipts_checked: int = 0
-    failures: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def cases(self) -> int:
-        """How many faults were injected in all."""
-        return sum(self.injected.values())
-
-    @property
-    def never_events(self) -> int:
-        """Invariant violations of every kind."""
-        return (
-            self.accepted_corrupt
-            + self.lost_acknowledged
-            + self.writes_outside
-            + self.crashes
-            + self.false_damage
-            + self.false_receipt
-        )
-
-    @property
-    def ok(self) -> bool:
-        """Every invariant held in every round."""
-        return self.never_events == 0
-
-    def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict (``cases`` and ``ok`` included)."""
-        raw = dataclasses.asdict(self)
-        for name in ("injected", "save_errors", "load_errors", "pass_errors"):
-            raw[name] = dict(sorted(getattr(self, name).items()))
-        return {**raw, "cases": self.cases, "ok": self.ok}
 
 
 @dataclass
