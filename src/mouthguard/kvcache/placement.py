@@ -159,6 +159,31 @@ class Placement:
 
     # --- reads (any thread) ---
 
+    def tier_reports(self) -> dict[str, dict[str, Any]]:
+        """Each configured tier's figures (:meth:`TierStats.report` plus the disk's own).
+
+        The caller holds :attr:`lock`, so the figures are one consistent snapshot.
+        """
+        report: dict[str, dict[str, Any]] = {
+            "memory": self.stats["memory"].report(
+                self.memory_bytes, self.memory_capacity, len(self.memory)
+            )
+        }
+        disk = self.disk
+        if disk is not None:
+            report["disk"] = self.stats["disk"].report(
+                disk.file_bytes, disk.capacity, len(disk.index)
+            )
+            report["disk"]["live_bytes"] = sum(s.live for s in disk.segments.values())
+            report["disk"]["segments"] = len(disk.segments)
+            report["disk"]["recovered"] = disk.recovered
+        remote = self.remote
+        if remote is not None:
+            report["remote"] = self.stats["remote"].report(
+                remote.used, remote.capacity, len(remote.index)
+            )
+        return report
+
     def read(self, key: bytes) -> Found | None:
         """Read ``key`` from the top tier holding it; None on a miss.
 

@@ -202,6 +202,24 @@ class RemoteLevel:
         self.policy.remove(key)
         return True
 
+    def load_index(self) -> None:
+        """Index what the namespace already holds, deleting the excess over capacity.
+
+        Run once at open, before any other thread uses the level.
+        """
+        found = self.scan()
+        doomed: list[bytes] = []
+        for key, size in found.items():
+            self.publish(key, size)
+        while self.capacity is not None and self.used > self.capacity:
+            victim = self.policy.pop_victim(lambda k: k in self.index)
+            if victim is None:
+                break
+            self.forget(victim)
+            doomed.append(victim)
+        for key in doomed:
+            self.delete(key)
+
     def fits(self, size: int) -> bool:
         """Whether ``size`` more bytes stay within the capacity."""
         return self.capacity is None or self.used + size <= self.capacity

@@ -145,7 +145,7 @@ class KVStore:
                 write_through=write_through,
             )
             if level is not None:
-                self._open_remote(level)
+                level.load_index()  # single-threaded: no mover yet
         except BaseException:
             if disk is not None:
                 disk.close()  # a failed open must not keep the directory locked
@@ -155,21 +155,6 @@ class KVStore:
         self._mover = Mover("mouthguard-kv-mover")
         self._write_queued = False
         self._placement.kick = self._kick
-
-    def _open_remote(self, level: RemoteLevel) -> None:
-        """Index the remote namespace (single-threaded: no mover yet)."""
-        found = level.scan()
-        doomed: list[bytes] = []
-        for key, size in found.items():
-            level.publish(key, size)
-        while level.capacity is not None and level.used > level.capacity:
-            victim = level.policy.pop_victim(lambda k: k in level.index)
-            if victim is None:
-                break
-            level.forget(victim)
-            doomed.append(victim)
-        for key in doomed:
-            level.delete(key)
 
     def _kick(self) -> None:
         """Queue one write-down job if none is queued (called under the lock)."""
@@ -468,24 +453,7 @@ class KVStore:
         """
         placement = self._placement
         with placement.lock:
-            report: dict[str, dict[str, Any]] = {
-                "memory": placement.stats["memory"].report(
-                    placement.memory_bytes, placement.memory_capacity, len(placement.memory)
-                )
-            }
-            disk = placement.disk
-            if disk is not None:
-                report["disk"] = placement.stats["disk"].report(
-                    disk.file_bytes, disk.capacity, len(disk.index)
-                )
-                report["disk"]["live_bytes"] = sum(s.live for s in disk.segments.values())
-                report["disk"]["segments"] = len(disk.segments)
-                report["disk"]["recovered"] = disk.recovered
-            remote = placement.remote
-            if remote is not None:
-                report["remote"] = placement.stats["remote"].report(
-                    remote.used, remote.capacity, len(remote.index)
-                )
+            report = placement.tier_reports()
             report["store"] = {
                 "block_tokens": self.block_tokens,
                 "importance": IMPORTANCE.value,
