@@ -34,16 +34,10 @@ from mouthguard.dcp.reader import Reader
 from mouthguard.errors import MouthguardError
 from mouthguard.jobs.replicator import Replicator
 from reliability import fuzz_mutate as mut
+from reliability.fuzz_case import ACCEPTED_CORRUPT, Case, Context
+from reliability.fuzz_checkpoints import changed_without_seal, judge_load, make_checkpoint
 from reliability.fuzz_sandbox import Sandbox, make_sandbox
 from reliability.fuzz_seeds import Seeds
-from reliability.fuzz_targets import (
-    ACCEPTED_CORRUPT,
-    Case,
-    Context,
-    changed_without_seal,
-    judge_load,
-    make_checkpoint,
-)
 
 
 @dataclass

@@ -4,20 +4,17 @@ A target has a ``make(rng, seeds) -> Case`` and a ``check(case, ctx) -> str | No
 ``check`` catches exactly the errors the parser documents; any other exception
 escapes and is counted as a crash by the runner. A returned string is a broken
 invariant (prefixed ``accepted_corrupt:`` when a damaged input was accepted).
+The case, the context and the generic mutations are in :mod:`reliability.fuzz_case`;
+damaged whole checkpoints and their load oracle in :mod:`reliability.fuzz_checkpoints`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import math
 import os
 import random
-import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,224 +31,31 @@ from mouthguard.errors import (
     RankFileError,
 )
 from mouthguard.format import typed_json
-from mouthguard.format.checksum import xxh3_digest
 from mouthguard.format.manifest import parse_manifest
 from mouthguard.format.rank_file import parse_header, read_header_length
 from mouthguard.format.sealed import unseal
 from mouthguard.format.state_tree import tensor_references, unflatten_state
-from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.memory import MemoryTier
 from mouthguard.tiers.object_keys import validate_key, validate_prefix, validate_segment
 from reliability import fuzz_mutate as mut
-from reliability.fuzz_oracle import compare, independent_tensors
-from reliability.fuzz_seeds import Seed, Seeds
-
-ACCEPTED_CORRUPT = "accepted_corrupt: "
-
-
-@dataclass
-class Case:
-    """One generated input: which target, how it was made, and its bytes."""
-
-    target: str
-    index: int
-    mode: str
-    parts: dict[str, bytes]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Context:
-    """What the checks share: the seeds and a scratch directory."""
-
-    seeds: Seeds
-    scratch: Path
-    key_tier: LocalTier | None = None
-
-    def tier_for_keys(self) -> LocalTier:
-        if self.key_tier is None:
-            self.key_tier = LocalTier(self.scratch / "keys", name="keys", durable=False)
-        return self.key_tier
-
-
-# --- shared generation helpers -----------------------------------------------------
-
-
-def _json_mutated(rng: random.Random, doc: Any, focus: tuple[str | int, ...] = ()) -> Any:
-    for _ in range(rng.choice([1, 1, 1, 2, 3])):
-        doc = mut.mutate_json(rng, doc, focus=focus)
-        if not mut.strip_markers(doc):
-            break  # markers are terminal: further structural edits would not see inside
-    return doc
-
-
-def _resealed(rng: random.Random, raw: bytes) -> bytes:
-    prefix, _ = mut.split_sealed(raw)
-    return mut.seal_prefix(mut.mutate_bytes(rng, prefix))
-
-
-def _bytes_mutated(rng: random.Random, raw: bytes) -> bytes:
-    for _ in range(rng.choice([1, 1, 2, 4])):
-        raw = mut.mutate_bytes(rng, raw)
-    return raw
-
-
-def _random_bytes(rng: random.Random) -> bytes:
-    size = rng.choice([0, 1, 7, 8, 9, 64, 500, 5000])
-    data = bytes(rng.getrandbits(8) for _ in range(size))
-    if rng.random() < 0.3:  # random, but with a valid trailer so the parser looks inside
-        return mut.seal_prefix(data)
-    return data
-
-
-def _manifest_focus(rng: random.Random, seed: Seed) -> tuple[str | int, ...]:
-    options: list[tuple[str | int, ...]] = [
-        (),
-        ("files",),
-        ("tensors",),
-        ("states",),
-        ("reference",),
-        ("framework",),
-        ("world_size",),
-    ]
-    if seed.name == "dcp":
-        options += [("dcp",)] * 4
-    return rng.choice(options)
-
-
-def _with_files(body: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:
-    """``body`` with size and checksums of every file recomputed from ``files``."""
-    for record in body.get("files", []):
-        data = files.get(record.get("name"))
-        if data is None:
-            continue
-        record["size"] = len(data)
-        record["checksum"] = xxh3_digest(data)
-        if "sha256" in record:
-            record["sha256"] = "sha256:" + hashlib.sha256(data).hexdigest()
-    return body
-
-
-def mutate_rank_file(rng: random.Random, data: bytes) -> bytes:
-    """A structure-aware or byte-level mutation of a safetensors rank file."""
-    (length,) = struct.unpack("<Q", data[:8])
-    header, payload = data[8 : 8 + length], data[8 + length :]
-    roll = rng.random()
-    if roll < 0.35:  # bytes, anywhere in the header (or in the data)
-        cut = 8 + length if rng.random() < 0.8 else len(data)
-        return _bytes_mutated(rng, data[:cut]) + data[cut:]
-    if roll < 0.45:  # the length field itself
-        value = rng.choice(
-            [0, 1, length - 1, length + 1, len(data), 2**63, 2**64 - 1, 100_000_001, 8]
-        )
-        return struct.pack("<Q", value % 2**64) + data[8:]
-    doc = json.loads(header)
-    text = mut.dumps(_json_mutated(rng, doc), indent=0).replace("\n", "")
-    raw = text.encode("utf-8", "surrogatepass")
-    if rng.random() < 0.7:  # keep the 4 KiB alignment mouthguard writes
-        raw += b" " * (-(8 + len(raw)) % 4096)
-    tail = payload
-    if rng.random() < 0.2:
-        tail = payload[: rng.randrange(len(payload) + 1)] + b"\0" * rng.choice([0, 1, 8])
-    return struct.pack("<Q", len(raw)) + raw + tail
-
-
-def inflate(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
-    """A consistent manifest (tensors still tile their file) claiming a huge tensor.
-
-    The last tensor of a file grows to ``2**k`` bytes and the file's size with it, so
-    every manifest check passes and only the real object's size can tell.
-    """
-    tensors = [t for t in body["tensors"] if t["shape"] and math.prod(t["shape"]) > 0]
-    if not tensors:
-        return body
-    record = max(tensors, key=lambda t: (t["file"], t["offset"]))
-    record = max(
-        (t for t in body["tensors"] if t["file"] == record["file"]), key=lambda t: t["offset"]
-    )
-    if not record["shape"] or math.prod(record["shape"]) == 0:
-        return body
-    item = record["length"] // math.prod(record["shape"])
-    target = 2 ** rng.choice([31, 33, 36, 40, 44, 48])
-    record["shape"] = [target // item]
-    grown = record["shape"][0] * item
-    file = next(f for f in body["files"] if f["name"] == record["file"])
-    file["size"] += grown - record["length"]
-    record["length"] = grown
-    return body
-
-
-def make_checkpoint(rng: random.Random, seeds: Seeds, target: str, index: int) -> Case:
-    """A damaged or hostile checkpoint: manifest and rank files, and how it was made."""
-    seed = seeds.checkpoints[rng.choice(sorted(seeds.checkpoints))]
-    files = dict(seed.files)
-    mode = rng.choice(
-        [
-            "manifest_json",
-            "manifest_json",
-            "manifest_json",
-            "manifest_bytes",
-            "manifest_bytes_resealed",
-            "rank_bytes",
-            "rank_resealed",
-            "rank_resealed",
-            "manifest_inflate",
-            "random",
-        ]
-    )
-    manifest = seed.manifest
-    if mode == "manifest_json":
-        body = _json_mutated(rng, seed.body, _manifest_focus(rng, seed))
-        manifest = mut.seal_text(mut.dumps(body))
-    elif mode == "manifest_bytes":
-        manifest = _bytes_mutated(rng, manifest)
-    elif mode == "manifest_bytes_resealed":
-        manifest = _resealed(rng, manifest)
-    elif mode == "random":
-        manifest = _random_bytes(rng)
-    elif mode == "manifest_inflate":
-        manifest = mut.seal_text(mut.dumps(inflate(rng, seed.body)))
-    else:
-        name = rng.choice(sorted(files))
-        files[name] = mutate_rank_file(rng, files[name])
-        if mode == "rank_resealed":
-            manifest = mut.seal_text(mut.dumps(_with_files(seed.body, files)))
-    parts = {"manifest.json": manifest, **files}
-    return Case(target, index, mode, parts, {"seed": seed.name, "run": seed.run, "step": seed.step})
-
-
-def changed_without_seal(case: Case, seeds: Seeds, only: str | None = None) -> bool:
-    """Whether the case damaged bytes that a checksum must catch (no re-seal).
-
-    ``only``: consider just this data file (a load of one rank reads only its file).
-    """
-    seed = seeds.checkpoints[case.meta["seed"]]
-    if case.mode == "manifest_bytes":
-        return case.parts["manifest.json"] != seed.manifest
-    if case.mode == "rank_bytes":
-        return any(case.parts.get(n, d) != d for n, d in seed.files.items() if only in (None, n))
-    return False
-
-
-def judge_load(
-    case: Case, seeds: Seeds, manifest_bytes: bytes, rank: int, loaded: object
-) -> str | None:
-    """The oracle for a load of ``rank`` that succeeded."""
-    manifest = parse_manifest(manifest_bytes)
-    record = next(f for f in manifest.files if f.rank == rank)
-    if changed_without_seal(case, seeds, record.name):
-        return ACCEPTED_CORRUPT + f"{case.mode}: a damaged checkpoint loaded without error"
-    seed = seeds.checkpoints[case.meta["seed"]]
-    data = case.parts.get(record.name, seed.files.get(record.name))
-    if data is None:
-        return ACCEPTED_CORRUPT + f"loaded {record.name}, which the case does not have"
-    try:
-        stored = independent_tensors(data)
-    except Exception as exc:
-        return ACCEPTED_CORRUPT + f"accepted a rank file safetensors rejects: {exc}"
-    problem = compare(manifest.states[rank], loaded, stored, "state")
-    return None if problem is None else ACCEPTED_CORRUPT + problem
-
+from reliability.fuzz_case import (
+    ACCEPTED_CORRUPT,
+    Case,
+    Context,
+    bytes_mutated,
+    json_mutated,
+    random_bytes,
+    resealed,
+)
+from reliability.fuzz_checkpoints import (
+    changed_without_seal,
+    judge_load,
+    make_checkpoint,
+    manifest_focus,
+    mutate_rank_file,
+)
+from reliability.fuzz_oracle import independent_tensors
+from reliability.fuzz_seeds import Seeds
 
 # --- targets -----------------------------------------------------------------------
 
@@ -260,13 +64,13 @@ def make_manifest(rng: random.Random, seeds: Seeds, index: int) -> Case:
     seed = seeds.checkpoints[rng.choice(sorted(seeds.checkpoints))]
     mode = rng.choice(["json", "json", "json", "bytes", "resealed", "random"])
     if mode == "json":
-        raw = mut.seal_text(mut.dumps(_json_mutated(rng, seed.body, _manifest_focus(rng, seed))))
+        raw = mut.seal_text(mut.dumps(json_mutated(rng, seed.body, manifest_focus(rng, seed))))
     elif mode == "bytes":
-        raw = _bytes_mutated(rng, seed.manifest)
+        raw = bytes_mutated(rng, seed.manifest)
     elif mode == "resealed":
-        raw = _resealed(rng, seed.manifest)
+        raw = resealed(rng, seed.manifest)
     else:
-        raw = _random_bytes(rng)
+        raw = random_bytes(rng)
     return Case("manifest", index, mode, {"manifest.json": raw}, {"seed": seed.name})
 
 
@@ -292,11 +96,11 @@ def make_unseal(rng: random.Random, seeds: Seeds, index: int) -> Case:
     mode = rng.choice(["bytes", "resealed", "random"])
     raw = rng.choice(docs)
     if mode == "bytes":
-        raw = _bytes_mutated(rng, raw)
+        raw = bytes_mutated(rng, raw)
     elif mode == "resealed":
-        raw = _resealed(rng, raw)
+        raw = resealed(rng, raw)
     else:
-        raw = _random_bytes(rng)
+        raw = random_bytes(rng)
     return Case("unseal", index, mode, {"doc.json": raw})
 
 
@@ -317,13 +121,13 @@ def make_sidecar(rng: random.Random, seeds: Seeds, index: int) -> Case:
     if mode == "json":
         body = json.loads(raw)
         body.pop("manifest_checksum", None)
-        raw = mut.seal_text(mut.dumps(_json_mutated(rng, body)))
+        raw = mut.seal_text(mut.dumps(json_mutated(rng, body)))
     elif mode == "bytes":
-        raw = _bytes_mutated(rng, raw)
+        raw = bytes_mutated(rng, raw)
     elif mode == "resealed":
-        raw = _resealed(rng, raw)
+        raw = resealed(rng, raw)
     else:
-        raw = _random_bytes(rng)
+        raw = random_bytes(rng)
     return Case("sidecar", index, mode, {name: raw}, {"kind": kind})
 
 
@@ -365,7 +169,7 @@ def make_rank_header(rng: random.Random, seeds: Seeds, index: int) -> Case:
     seed = seeds.checkpoints[rng.choice(sorted(seeds.checkpoints))]
     data = seed.files[rng.choice(sorted(seed.files))]
     mode = rng.choice(["structured", "structured", "structured", "random"])
-    data = _random_bytes(rng) if mode == "random" else mutate_rank_file(rng, data)
+    data = random_bytes(rng) if mode == "random" else mutate_rank_file(rng, data)
     size = len(data) if rng.random() < 0.8 else rng.choice([0, 8, len(data) - 1, 2**64, 2**50])
     return Case("rank_header", index, mode, {"rank.safetensors": data}, {"file_size": size})
 
@@ -403,11 +207,11 @@ def make_typed_json(rng: random.Random, seeds: Seeds, index: int) -> Case:
     value = rng.choice(_typed_seeds(seeds))
     mode = rng.choice(["json", "json", "json", "bytes", "random"])
     if mode == "json":
-        text = mut.dumps(_json_mutated(rng, value)).encode("utf-8", "surrogatepass")
+        text = mut.dumps(json_mutated(rng, value)).encode("utf-8", "surrogatepass")
     elif mode == "bytes":
-        text = _bytes_mutated(rng, mut.dumps(value).encode())
+        text = bytes_mutated(rng, mut.dumps(value).encode())
     else:
-        text = _random_bytes(rng)
+        text = random_bytes(rng)
     return Case("typed_json", index, mode, {"value.json": text})
 
 
@@ -434,7 +238,7 @@ def check_typed_json(case: Case, ctx: Context) -> str | None:
 
 def make_dcp(rng: random.Random, seeds: Seeds, index: int) -> Case:
     seed = seeds.checkpoints["dcp"]
-    body = _json_mutated(rng, seed.body, ("dcp",))
+    body = json_mutated(rng, seed.body, ("dcp",))
     return Case("dcp_metadata", index, "json", {"manifest.json": mut.seal_text(mut.dumps(body))})
 
 
