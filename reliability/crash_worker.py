@@ -101,6 +101,36 @@ def same_state(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _collect_garbage(ckpt: mouthguard.Checkpointer) -> None:
+    """One garbage-collection pass, between ``gc`` events; a failure is reported, not fatal."""
+    emit(ev="gc", phase="begin")
+    try:
+        reports = ckpt.collect_garbage(grace_seconds=WORKER_GRACE_SECONDS)
+    except Exception as exc:
+        emit(ev="job_error", job="gc", message=f"{type(exc).__name__}: {exc}")
+    else:
+        removed = sum(len(r.partial_saves) + r.incomplete_objects for r in reports)
+        emit(ev="gc", phase="end", removed=removed)
+
+
+def _retain(store: mouthguard.Store, policy: PolicyConfig, *, in_flight: int | None) -> None:
+    """One retention pass, between ``retention`` events; a failure is reported, not fatal."""
+    emit(ev="retention", phase="begin", in_flight=in_flight)
+    try:
+        report = apply_retention(store, policy, runs=[RUN])
+    except Exception as exc:
+        emit(ev="job_error", job="retention", message=f"{type(exc).__name__}: {exc}")
+    else:
+        done = [a for a in report.actions if a.done]
+        emit(
+            ev="retention",
+            phase="end",
+            trashed=sum(a.action.action == "trash" for a in done),
+            purged=sorted({a.step for a in done if a.action.action == "purge"}),
+            demoted=sum(a.action.action == "demote" for a in done),
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Save until killed (or until ``MAX_SECONDS``); see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m reliability.crash_worker")
@@ -149,31 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                 pending = (step, importance, ckpt.save_async(step, state, importance=importance))
             time.sleep(rng.uniform(0.0, 0.01))  # "training": async writes overlap it
             if step % gc_every == 0:
-                emit(ev="gc", phase="begin")
-                try:
-                    reports = ckpt.collect_garbage(grace_seconds=WORKER_GRACE_SECONDS)
-                except Exception as exc:  # a housekeeping failure is reported, not fatal
-                    emit(ev="job_error", job="gc", message=f"{type(exc).__name__}: {exc}")
-                else:
-                    removed = sum(len(r.partial_saves) + r.incomplete_objects for r in reports)
-                    emit(ev="gc", phase="end", removed=removed)
+                _collect_garbage(ckpt)
             if step % retention_every == 0:
                 # The save in flight may commit while the pass looks: the checker counts it.
-                in_flight = pending[0] if pending is not None else None
-                emit(ev="retention", phase="begin", in_flight=in_flight)
-                try:
-                    report = apply_retention(store, policy, runs=[RUN])
-                except Exception as exc:
-                    emit(ev="job_error", job="retention", message=f"{type(exc).__name__}: {exc}")
-                else:
-                    done = [a for a in report.actions if a.done]
-                    emit(
-                        ev="retention",
-                        phase="end",
-                        trashed=sum(a.action.action == "trash" for a in done),
-                        purged=sorted({a.step for a in done if a.action.action == "purge"}),
-                        demoted=sum(a.action.action == "demote" for a in done),
-                    )
+                _retain(store, policy, in_flight=pending[0] if pending is not None else None)
             step += 1
     except BrokenPipeError:
         return 0  # the parent went away
