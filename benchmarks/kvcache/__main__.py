@@ -212,7 +212,8 @@ def _ratio(a: str, b: str) -> str:
         return "-"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line (``--child`` and ``--child-out``: a confined replay's own)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kvcache")
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--block-kib", type=int, default=16)
@@ -237,50 +238,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lmcache-python", help="an interpreter with lmcache installed: adds LMCache's row"
     )
-    args = parser.parse_args(argv)
-    if args.child:
-        return child(args)
-    if args.quick:
-        args.requests, args.block_kib, args.memory_mib, args.disk_mib = 200, 32, 2, 16
-    load_start = os.getloadavg()
-    root = Path(tempfile.mkdtemp(prefix="kvbench-", dir=args.dir))
-    try:
-        if args.trace is not None:
-            path = args.trace
-            trace = traces.read(path)
-            source = f"`{args.trace}` (Mooncake format)"
-        elif args.profile == "chat":
-            trace = traces.synthetic(args.requests)
-            path = root / "synthetic-mooncake.jsonl"
-            traces.write(path, trace)
-            trace = traces.read(path)  # replayed from the file, as a real trace would be
-            source = "synthetic multi-round chat, Zipf-shared prefixes, Mooncake format"
-        else:
-            trace = traces.conversation(args.requests)
-            path = root / "conversation-mooncake.jsonl"
-            traces.write(path, trace)
-            trace = traces.read(path)
-            source = (
-                "synthetic, shaped after Mooncake's conversation trace (low reuse), Mooncake format"
-            )
-        capacity_blocks = (args.memory_mib + args.disk_mib) * MiB // (args.block_kib * 1024)
-        ideal = traces.ideal_lru_hit_rate(trace, capacity_blocks)
-        if args.ram_budget_mib:
-            mine = replay_confined("kvstore", path, root, args)
-            naive = replay_confined("naive", path, root, args)
-        else:
-            mine = replay_kvstore(trace, root, args)
-            naive = replay_naive(trace, root, args)
-        floor = dict_copy_p50_ms(args.block_kib)
-        peer = None
-        if args.lmcache_python:
-            peer = replay_lmcache(args.lmcache_python, path, root, args)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    load_end = os.getloadavg()
+    return parser
+
+
+def _load_trace(args: argparse.Namespace, root: Path) -> tuple[list[traces.Request], Path, str]:
+    """The trace to replay, the Mooncake-format file it is read from, and its description.
+
+    A synthetic trace is written under ``root`` and read back, as a real trace would be.
+    """
+    if args.trace is not None:
+        path = args.trace
+        trace = traces.read(path)
+        source = f"`{args.trace}` (Mooncake format)"
+    elif args.profile == "chat":
+        trace = traces.synthetic(args.requests)
+        path = root / "synthetic-mooncake.jsonl"
+        traces.write(path, trace)
+        trace = traces.read(path)  # replayed from the file, as a real trace would be
+        source = "synthetic multi-round chat, Zipf-shared prefixes, Mooncake format"
+    else:
+        trace = traces.conversation(args.requests)
+        path = root / "conversation-mooncake.jsonl"
+        traces.write(path, trace)
+        trace = traces.read(path)
+        source = (
+            "synthetic, shaped after Mooncake's conversation trace (low reuse), Mooncake format"
+        )
+    return trace, path, source
+
+
+def _report_header(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    trace: list[traces.Request],
+    source: str,
+    loads: tuple[float, float],
+) -> list[str]:
+    """What was replayed, where and how, and the table's heading."""
+    load_start, load_end = loads
     blocks = sum(len(r.hash_ids) for r in trace)
-    stats = mine["stats"]
-    lines = [
+    return [
         "# KV-cache benchmark",
         "",
         f"- trace: {source}; {len(trace)} requests, {blocks} block reads requested",
@@ -301,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         " read GB/s | put p50 ms | put p99 ms | replay s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+
+def _report_rows(mine: dict, naive: dict, peer: dict | None, ideal: float) -> list[str]:
+    """One row per KVStore tier, the naive store's, and LMCache's (or why it is missing)."""
+    stats = mine["stats"]
+    lines = []
     for tier in ("memory", "disk"):
         t = stats[tier]
         lines.append(
@@ -323,8 +326,16 @@ def main(argv: list[str] | None = None) -> int:
             f" disk (page cache free) | {fmt(peer['p50_ms'])} | {fmt(peer['p99_ms'])} |"
             f" {fmt(peer['gbps'], 2)} | | | {peer['seconds']:.1f} |"
         )
+    return lines
+
+
+def _report_notes(
+    mine: dict, naive: dict, peer: dict | None, floor: float, ideal: float
+) -> list[str]:
+    """The ratios against the targets, KVStore's staging and its tiers' contents."""
+    stats = mine["stats"]
     store = stats["store"]
-    lines += [
+    lines = [
         "",
         f"Ratios: replay time KVStore / naive {mine['seconds'] / naive['seconds']:.2f}"
         f" (target <= 1); hit rate / ideal LRU {mine['hit_rate'] / ideal:.3f} (target >= 0.95);"
@@ -355,6 +366,37 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "",
     ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.child:
+        return child(args)
+    if args.quick:
+        args.requests, args.block_kib, args.memory_mib, args.disk_mib = 200, 32, 2, 16
+    load_start = os.getloadavg()
+    root = Path(tempfile.mkdtemp(prefix="kvbench-", dir=args.dir))
+    try:
+        trace, path, source = _load_trace(args, root)
+        capacity_blocks = (args.memory_mib + args.disk_mib) * MiB // (args.block_kib * 1024)
+        ideal = traces.ideal_lru_hit_rate(trace, capacity_blocks)
+        if args.ram_budget_mib:
+            mine = replay_confined("kvstore", path, root, args)
+            naive = replay_confined("naive", path, root, args)
+        else:
+            mine = replay_kvstore(trace, root, args)
+            naive = replay_naive(trace, root, args)
+        floor = dict_copy_p50_ms(args.block_kib)
+        peer = None
+        if args.lmcache_python:
+            peer = replay_lmcache(args.lmcache_python, path, root, args)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    load_end = os.getloadavg()
+    lines = _report_header(args, argv, trace, source, (load_start, load_end))
+    lines += _report_rows(mine, naive, peer, ideal)
+    lines += _report_notes(mine, naive, peer, floor, ideal)
     report = "\n".join(lines)
     print(report)
     if args.out is not None:

@@ -42,15 +42,10 @@ def percentile_ms(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q) * 1e3) if values else None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--trace", type=Path, required=True)
-    parser.add_argument("--dir", type=Path, required=True)
-    parser.add_argument("--block-kib", type=int, required=True)
-    parser.add_argument("--disk-mib", type=int, required=True)
-    args = parser.parse_args()
-    logging.disable(logging.WARNING)
-
+def _open_backends(
+    args: argparse.Namespace,
+) -> tuple[LocalCPUBackend, LocalDiskBackend, torch.Size]:
+    """LMCache's local disk backend (with the CPU pool that stages its I/O) and a block's shape."""
     elements = args.block_kib * 1024 // 2  # fp16
     shape = torch.Size((1, 2, CHUNK, 1, elements // (2 * CHUNK)))
     config = LMCacheEngineConfig.from_defaults(
@@ -73,12 +68,18 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     disk = LocalDiskBackend(config, loop, cpu, "cpu", None, metadata)
-    payload = torch.randint(-100, 100, tuple(shape), dtype=torch.int16).view(torch.float16)
+    return cpu, disk, shape
 
+
+def _replay(
+    trace: Path, cpu: LocalCPUBackend, disk: LocalDiskBackend, shape: torch.Size
+) -> dict[str, object]:
+    """Replay ``trace``: read each request's cached prefix, put the rest; hit rate and timings."""
+    payload = torch.randint(-100, 100, tuple(shape), dtype=torch.int16).view(torch.float16)
     latencies: list[float] = []
     read_bytes = hits = total = 0
     started = time.perf_counter()
-    for line in args.trace.read_text().splitlines():
+    for line in trace.read_text().splitlines():
         ids = json.loads(line)["hash_ids"]
         keys = [CacheEngineKey("bench", 1, 0, int(h), torch.float16) for h in ids]
         covered = 0
@@ -107,16 +108,32 @@ def main() -> None:
         while any(disk.exists_in_put_tasks(k) for k in keys) and time.monotonic() < deadline:
             time.sleep(0.0005)
     elapsed = time.perf_counter() - started
+    return {
+        "hit_rate": hits / total if total else 0.0,
+        "seconds": elapsed,
+        "p50_ms": percentile_ms(latencies, 50),
+        "p99_ms": percentile_ms(latencies, 99),
+        "gbps": read_bytes / sum(latencies) / 1e9 if latencies else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trace", type=Path, required=True)
+    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--block-kib", type=int, required=True)
+    parser.add_argument("--disk-mib", type=int, required=True)
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+
+    cpu, disk, shape = _open_backends(args)
+    result = _replay(args.trace, cpu, disk, shape)
     files = sum(1 for _ in args.dir.rglob("*.pt"))
     size = sum(p.stat().st_size for p in args.dir.rglob("*.pt"))
     print(
         json.dumps(
             {
-                "hit_rate": hits / total if total else 0.0,
-                "seconds": elapsed,
-                "p50_ms": percentile_ms(latencies, 50),
-                "p99_ms": percentile_ms(latencies, 99),
-                "gbps": read_bytes / sum(latencies) / 1e9 if latencies else None,
+                **result,
                 "files": files,
                 "disk_bytes": size,
                 "version": importlib.metadata.version("lmcache"),
