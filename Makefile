@@ -88,8 +88,12 @@ test:
 
 # The peers (webdataset, mosaicml-streaming, litdata) are an optional extra: the
 # suite never needs them. Ceph (system-deps) serves the S3 rows.
+# litdata requires torchvision, and the index's torchvision is built against the CUDA
+# torch: with the CPU torch its operators fail to register, and transformers (which
+# imports it when present) then fails the suite's HF tests. litdata runs without it.
 bench-data: $(STAMP) system-deps
 	$(BIN)/pip install -c constraints.txt -e '.[dev,bench-data]'
+	$(BIN)/pip uninstall -y torchvision
 	$(BIN)/python -m benchmarks.data
 
 clean:
