@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ["recompute", "example", "mouthguard-ram", "mouthguard-disk"]
+CONFIGS = ["recompute", "example", "mouthguard-ram", "mouthguard-disk", "mouthguard-disk-async"]
 LABELS = {
     "recompute": "no offloading (prefill recomputed)",
     "example": "vLLM ExampleConnector (safetensors file per layer, disk)",
     "mouthguard-ram": "MouthguardConnector, blocks in RAM",
     "mouthguard-disk": "MouthguardConnector, blocks on disk (4 MiB RAM tier)",
+    "mouthguard-disk-async": "MouthguardConnector, blocks on disk, `async_load` on",
 }
 NOT_RUNNABLE = [
     (

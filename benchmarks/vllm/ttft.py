@@ -8,9 +8,11 @@ Starts one engine with the configuration named (``recompute``: no connector;
 ``example``: vLLM's ``ExampleConnector``, safetensors files on disk;
 ``mouthguard-ram`` / ``mouthguard-disk``: ``MouthguardConnector`` with a memory tier
 that holds the prompt's blocks, or one too small for them, so they are read from
-disk), sends the prompt once (computed; the connectors save it), then ``--repeats``
-times empties the engine's prefix cache (``LLM.reset_prefix_cache()``) and times the
-same prompt with one output token. Prints one JSON line.
+disk; a ``-async`` suffix turns on ``async_load``: the blocks are read on the
+worker's thread while the request waits, instead of inside the forward), sends
+the prompt once (computed; the connectors save it), then ``--repeats`` times
+empties the engine's prefix cache (``LLM.reset_prefix_cache()``) and times the same
+prompt with one output token. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def transfer_config(name: str, work: Path) -> Any:
             kv_role="kv_both",
             kv_connector_extra_config={"shared_storage_path": str(path)},
         )
-    memory = 1 << 30 if name == "mouthguard-ram" else 4 << 20
+    memory = 1 << 30 if name.startswith("mouthguard-ram") else 4 << 20
     # staging room for every block the prompt evicts from that small RAM tier: the
     # put must not drop blocks here (an engine would size it to its traffic)
     return KVTransferConfig(
@@ -70,6 +72,7 @@ def transfer_config(name: str, work: Path) -> Any:
             "disk_bytes": 2 << 30,
             "memory_bytes": memory,
             "staging_bytes": 512 << 20,
+            "async_load": name.endswith("-async"),
         },
     )
 

@@ -5,6 +5,8 @@ a small machine): ``vllm_scripts/connector_e2e.py`` runs an engine with the
 connector, a second engine process on the same disk directory, and an engine
 without the connector, and reports each request's tokens and the connector's
 counts (``kv_transfer_params["mouthguard"]``). vLLM's blocks are 128 tokens here.
+The first engine loads inside the forward (the default), the second with
+``async_load`` on (loads on the worker's thread while the request waits).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def test_a_shared_prefix_loads_from_mouthguard_after_the_engine_cache_is_reset(
     # the engine's own prefix cache was reset: B's shared blocks came from the store
     assert first["B"]["loaded_tokens"] == SHARED_BLOCKS * 128
     assert first["B"]["failed_tokens"] == 0
+    assert first["B"]["async_loads"] == 0  # this engine loads inside the forward
 
 
 def test_a_new_engine_process_reuses_the_blocks_on_disk(run: dict[str, Any]) -> None:
@@ -58,10 +61,20 @@ def test_a_new_engine_process_reuses_the_blocks_on_disk(run: dict[str, Any]) -> 
     assert second["failed_tokens"] == 0
 
 
+def test_an_async_load_fills_the_pages_while_the_request_waits(run: dict[str, Any]) -> None:
+    # the second engine's mouthguard.toml asks for async_load: B waited in
+    # WAITING_FOR_REMOTE_KVS while the worker's thread loaded its 4 blocks, and its
+    # tokens are the reference's (test_tokens_are_identical_with_and_without_the_connector)
+    second = run["second"]["B"]
+    assert second["async_loads"] == 1
+    assert second["loaded_tokens"] == SHARED_BLOCKS * 128
+
+
 def test_a_damaged_block_is_recomputed_never_served(run: dict[str, Any]) -> None:
     assert run["damaged_files"] >= 1
     damaged = run["second"]["C"]
     # C (400 tokens: 3 full blocks) was on disk only; every block failed its checksum
     assert damaged["loaded_tokens"] == 0
     assert damaged["failed_tokens"] == 3 * 128
+    assert damaged["async_loads"] == 1  # the failed load was an async one: one try only
     assert damaged["tokens"] == run["reference"]["C"]["tokens"]

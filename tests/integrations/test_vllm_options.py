@@ -42,6 +42,7 @@ def test_extra_config_uses_kvstores_own_names() -> None:
         ({"memory_bytes": "1GiB"}, "must be int"),
         ({"memory_bytes": True}, "must be int"),
         ({"direct_io": 1}, "must be bool"),
+        ({"async_load": "yes"}, "must be bool"),
     ],
 )
 def test_a_misspelt_or_mistyped_option_is_refused(extra: dict[str, object], message: str) -> None:
@@ -109,6 +110,18 @@ def test_explicit_extra_config_keys_win_over_the_file(tmp_path: Path) -> None:
     assert options.store["memory_bytes"] == 2048
     assert options.store["disk_dir"] == "/kv"
     assert options.remote == "s3://b/kv"  # a URL is kept as written
+
+
+def test_async_load_is_off_unless_asked_for_in_the_file_or_the_extra_config(
+    tmp_path: Path,
+) -> None:
+    assert parse_options(None).async_load is False
+    assert parse_options({"async_load": True}).async_load is True
+    config = _toml(tmp_path / "mouthguard.toml", "[kvcache]\nasync_load = true\n")
+    options = parse_options({"config": str(config)}, environ={})
+    assert options.async_load is True
+    assert "async_load" not in options.store  # the connector's option, not KVStore's
+    assert parse_options({"config": str(config), "async_load": False}).async_load is False
 
 
 def test_without_a_config_key_mouthguard_config_names_the_file(tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ Runs three engines one after another, each its own engine process, and writes
    engine's prefix cache is reset and prompt B, which shares A's first 520 tokens,
    is generated (its 4 full shared blocks can come from mouthguard);
 2. a new engine with the connector on the same directory, its options read from a
-   mouthguard.toml's ``[kvcache]`` (``disk_dir`` relative to the file): prompt B
+   mouthguard.toml's ``[kvcache]`` (``disk_dir`` relative to the file, and
+   ``async_load = true``: loads run on the worker's thread while the request waits
+   in ``WAITING_FOR_REMOTE_KVS``, where engine 1 loads inside the forward): prompt B
    again (a new process: its store's RAM is empty, the blocks come from disk); then every data
    file of the store is damaged on disk and prompt C is generated (C's blocks
    are only on disk: each load fails its checksum and is recomputed);
@@ -41,7 +43,8 @@ def engine(model: Path, kv_dir: Path | None, config_file: Path | None = None) ->
     """An engine with the connector on ``kv_dir`` (None: without it).
 
     With ``config_file`` the options come from that mouthguard.toml's ``[kvcache]``
-    (its ``disk_dir`` relative to the file) instead of the extra config.
+    (its ``disk_dir`` relative to the file, and asynchronous loads) instead of the
+    extra config.
     """
     from vllm.config import KVTransferConfig  # noqa: PLC0415
 
@@ -51,6 +54,7 @@ def engine(model: Path, kv_dir: Path | None, config_file: Path | None = None) ->
         if config_file is not None:
             lines = [f'disk_dir = "{kv_dir.relative_to(config_file.parent)}"']
             lines += [f"{key} = {value}" for key, value in STORE.items()]
+            lines += ["async_load = true"]
             config_file.write_text("[kvcache]\n" + "\n".join(lines) + "\n")
             extra = {"config": str(config_file)}
         transfer = KVTransferConfig(

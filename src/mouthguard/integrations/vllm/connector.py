@@ -14,7 +14,9 @@ scheduler process
     ``get_num_new_matched_tokens`` asks every rank's store how much of the prompt it
     holds (``longest_prefix``, less the last token, which the engine must compute)
     and offers the part beyond the engine's own prefix cache, synchronously
-    (``False``: the load happens inside the next forward). ``update_state_after_alloc``
+    (``False``: the load happens inside the next forward) or, with ``async_load``,
+    asynchronously (``True``: vLLM parks the request in ``WAITING_FOR_REMOTE_KVS``
+    until the worker reports it loaded). ``update_state_after_alloc``
     pins those blocks and has them prefetched into RAM, and plans the load into the
     pages just allocated. ``build_connector_meta`` hands the step's loads, and the
     saves of every block that this step completes and the store lacks, to the workers.
@@ -27,6 +29,9 @@ worker process (one per rank)
     vanished since the lookup) is reported by ``get_block_ids_with_load_errors``, and
     vLLM recomputes from there (``kv_load_failure_policy="recompute"``; with vLLM's
     default ``"fail"`` the request fails instead) -- a wrong block is never served.
+    An async load goes to one background thread (:mod:`.loading`, at most
+    ``MAX_ASYNC_LOADS`` in flight, one per request); ``get_finished`` reports the
+    request once its pages are filled, with its failed pages in the same step.
     ``save_kv_layer`` copies each layer's finished pages as the forward pass produces
     them; ``wait_for_save`` hands the blocks to ``put(wait=False)``, which copies them
     into the store's RAM and returns: the disk write happens on the store's own thread.
@@ -34,6 +39,7 @@ worker process (one per rank)
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from mouthguard.errors import KVCacheError
 from mouthguard.integrations.vllm.channel import LookupClient, LookupServer, socket_path
+from mouthguard.integrations.vllm.loading import MAX_ASYNC_LOADS, BackgroundLoads, HostBuffer
 from mouthguard.integrations.vllm.options import open_remote, parse_options, rank_disk_dir
 from mouthguard.kvcache import KVNamespace, KVStore
 
@@ -84,7 +91,8 @@ class Transfer:
 class MouthguardMetadata(KVConnectorMetadata):  # type: ignore[misc]  # vLLM is untyped
     """What the scheduler tells the workers for one step."""
 
-    loads: list[Transfer] = field(default_factory=list)
+    loads: list[Transfer] = field(default_factory=list)  # before this step's forward
+    async_loads: list[Transfer] = field(default_factory=list)  # on the worker's thread
     saves: list[Transfer] = field(default_factory=list)
 
 
@@ -95,9 +103,12 @@ class _Tracked:
     request: Request
     stored_blocks: int = 0  # leading blocks the store holds (none of these is saved again)
     load: Transfer | None = None
+    load_async: bool = False  # the load runs while the request waits (WAITING_FOR_REMOTE_KVS)
+    failed_pages: set[int] = field(default_factory=set)  # of ``load``, reported so far
     pinned: list[int] | None = None
     loaded_tokens: int = 0
     failed_tokens: int = 0
+    async_loads: int = 0  # loads that ran on the worker's thread while the request waited
 
 
 class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is untyped
@@ -140,8 +151,10 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             paths = [socket_path(self._engine_id, rank) for rank in range(self._tp_size)]
             self._client = LookupClient(paths)
             self._tracked: dict[str, _Tracked] = {}
-            self._matched: dict[str, int] = {}
+            self._matched: dict[str, tuple[int, bool]] = {}  # hit, offered asynchronously
             self._pending_loads: list[Transfer] = []
+            self._pending_async: list[Transfer] = []
+            self._loading: set[str] = set()  # async loads not yet reported finished
         else:
             self._store: KVStore | None = None
             self._server: LookupServer | None = None
@@ -149,7 +162,9 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             self._staging: dict[str, torch.Tensor] = {}
             self._filled: dict[str, set[str]] = {}
             self._load_errors: set[int] = set()
-            self._buffer: torch.Tensor | None = None
+            self._buffer = HostBuffer()
+            self._background: BackgroundLoads | None = None
+            self._background_buffer = HostBuffer()  # the background thread's own
 
     # ----------------------------------------------------------------- scheduler side
 
@@ -165,15 +180,19 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             log.warning("mouthguard: lookup failed (%s); computing the prompt", error)
             hit = 0
         hit -= hit % self._block
-        self._matched[request.request_id] = hit
-        return max(0, hit - num_computed_tokens), False
+        new = max(0, hit - num_computed_tokens)
+        # at the bound, a load runs inside the forward instead of waiting for a slot
+        asynchronous = self._options.async_load and new > 0
+        asynchronous = asynchronous and len(self._loading) < MAX_ASYNC_LOADS
+        self._matched[request.request_id] = (hit, asynchronous)
+        return new, asynchronous
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         """Track the request; plan, pin and prefetch its load when there is one."""
         req_id = request.request_id
-        hit = self._matched.pop(req_id, 0)
+        hit, asynchronous = self._matched.pop(req_id, (0, False))
         tracked = self._tracked.get(req_id)
         if tracked is None:
             tracked = self._tracked[req_id] = _Tracked(request)
@@ -184,18 +203,26 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         first = (hit - num_external_tokens) // self._block
         block_ids = list(blocks.get_block_ids()[0][first : hit // self._block])
         tracked.load = Transfer(req_id, tokens, first, block_ids)
+        tracked.failed_pages = set()
+        # vLLM drops an async load only by loading nothing (num_external_tokens 0, so
+        # not here): a request offered one waits until get_finished names it
+        tracked.load_async = asynchronous
         self._unpin(tracked)  # a preempted request planned again: its old pin goes first
         try:
             tracked.pinned = self._client.pin(tokens)
         except (KVCacheError, OSError) as error:
             # the worker's get will come up short and report it: a recompute
             log.warning("mouthguard: pin failed (%s)", error)
-        self._pending_loads.append(tracked.load)
+        if tracked.load_async:
+            self._loading.add(req_id)
+            self._pending_async.append(tracked.load)
+        else:
+            self._pending_loads.append(tracked.load)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """The step's loads, and saves of every block this step completes."""
-        meta = MouthguardMetadata(loads=self._pending_loads)
-        self._pending_loads = []
+        meta = MouthguardMetadata(loads=self._pending_loads, async_loads=self._pending_async)
+        self._pending_loads, self._pending_async = [], []
         steps: list[tuple[str, int]] = [
             (new.req_id, new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs
         ]
@@ -227,14 +254,24 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         return list(manager.get_block_ids(req_id)[0])
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        """Count each load as loaded or failed (the engine recomputes the failed part)."""
+        """Count each load as loaded or failed (the engine recomputes the failed part).
+
+        A sync load ends in the step it ran; an async one when ``finished_recving``
+        names its request (its failed pages may come in that step or before).
+        """
         invalid = set(connector_output.invalid_block_ids or ())
+        finished = set(connector_output.finished_recving or ())
+        self._loading -= finished
         for tracked in self._tracked.values():
             load = tracked.load
             if load is None:
                 continue
-            tracked.load = None  # a sync load completes (or fails) in the step it ran
-            bad = [i for i, page in enumerate(load.block_ids) if page in invalid]
+            tracked.failed_pages |= invalid.intersection(load.block_ids)
+            if tracked.load_async and load.req_id not in finished:
+                continue
+            tracked.load = None
+            tracked.async_loads += tracked.load_async
+            bad = [i for i, page in enumerate(load.block_ids) if page in tracked.failed_pages]
             good = bad[0] if bad else len(load.block_ids)
             tracked.loaded_tokens += good * self._block
             tracked.failed_tokens += (len(load.block_ids) - good) * self._block
@@ -247,14 +284,22 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         request: Request,
         block_ids: list[int],  # noqa: ARG002 - vLLM's signature
     ) -> tuple[bool, dict[str, Any] | None]:
-        """Unpin; nothing is held past the request (saves are done by now)."""
+        """Unpin; the pages are held past the request only while an async load fills them.
+
+        Saves are done by now. A request aborted while its async load runs keeps its
+        pages (``True``) until ``finished_recving`` names it: vLLM frees them then.
+        """
         tracked = self._tracked.pop(request.request_id, None)
         self._matched.pop(request.request_id, None)
         if tracked is None:
             return False, None
         self._unpin(tracked)
-        counts = {"loaded_tokens": tracked.loaded_tokens, "failed_tokens": tracked.failed_tokens}
-        return False, {"mouthguard": counts}
+        counts = {
+            "loaded_tokens": tracked.loaded_tokens,
+            "failed_tokens": tracked.failed_tokens,
+            "async_loads": tracked.async_loads,
+        }
+        return request.request_id in self._loading, {"mouthguard": counts}
 
     def _unpin(self, tracked: _Tracked) -> None:
         if tracked.pinned is None:
@@ -302,6 +347,8 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         remote = open_remote(self._options.remote) if self._options.remote else None
         self._store = KVStore(namespace=namespace, remote=remote, **options)
         self._server = LookupServer(self._store, socket_path(self._engine_id, rank))
+        if self._options.async_load:
+            self._background = BackgroundLoads()
         log.info(
             "mouthguard: KV store for %s, rank %d of %d (options from %s)",
             self._model_id,
@@ -319,41 +366,46 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         forward_context: ForwardContext,  # noqa: ARG002 - vLLM's signature
         **kwargs: Any,  # noqa: ARG002
     ) -> None:
-        """Fill the planned pages from the store; note the pages that could not be."""
+        """Fill the step's sync loads now; hand its async loads to the background thread."""
         meta = self._get_connector_metadata()
         assert isinstance(meta, MouthguardMetadata)
-        store = self._store
-        if store is None or not meta.loads:
+        if self._store is None:
             return
-        first = next(iter(self._layers.values()))
         for load in meta.loads:
-            staging = self._load_buffer(len(load.tokens) // self._block, first.dtype)
-            try:
-                got = len(store.get(load.tokens, out=list(staging)))
-            except (KVCacheError, OSError) as error:
-                log.warning("mouthguard: load of %s failed (%s)", load.req_id, error)
-                got = 0
-            usable = max(0, got - load.first)
-            if usable:
-                pages = torch.tensor(load.block_ids[:usable], dtype=torch.long, device=first.device)
-                rows = staging[load.first : load.first + usable].to(first.device)
-                for index, layer in enumerate(self._layers.values()):
-                    layer.index_copy_(0, pages, rows[:, index])
-            self._load_errors.update(load.block_ids[usable:])
+            self._load_errors.update(self._fill(load, self._buffer))
+        background = self._background
+        for load in meta.async_loads:
+            if background is None:  # cannot happen: the scheduler reads the same options
+                self._load_errors.update(load.block_ids)
+                continue
+            job = functools.partial(self._fill, load, self._background_buffer)
+            background.submit(load.req_id, load.block_ids, job)
 
-    def _load_buffer(self, blocks: int, dtype: torch.dtype) -> torch.Tensor:
-        """``blocks`` blocks of host memory for loads, kept between them.
+    def _fill(self, load: Transfer, buffer: HostBuffer) -> list[int]:
+        """Copy ``load``'s blocks from the store into its pages; the pages not filled.
 
-        Loads run one after another and are copied into the pages before the next, so
-        one buffer serves them all; it grows to the longest prefix loaded and is not
-        page-faulted in again for every load (a fresh 64 MiB buffer costs about as
-        much as the copy into it).
+        The blocks are read into ``buffer`` with ``get(out=...)``, which verifies
+        each; a block it cannot return (checksum failure, evicted or vanished since
+        the lookup) ends the usable prefix, and every page from there is returned.
         """
-        shape = (blocks, *self._block_shape())
-        buffer = self._buffer
-        if buffer is None or buffer.shape[0] < blocks or buffer.dtype != dtype:
-            buffer = self._buffer = torch.empty(shape, dtype=dtype)
-        return buffer[:blocks]
+        store = self._store
+        if store is None:
+            return list(load.block_ids)
+        first = next(iter(self._layers.values()))
+        blocks = len(load.tokens) // self._block
+        staging = buffer.take((blocks, *self._block_shape()), first.dtype)
+        try:
+            got = len(store.get(load.tokens, out=list(staging)))
+        except (KVCacheError, OSError) as error:
+            log.warning("mouthguard: load of %s failed (%s)", load.req_id, error)
+            got = 0
+        usable = max(0, got - load.first)
+        if usable:
+            pages = torch.tensor(load.block_ids[:usable], dtype=torch.long, device=first.device)
+            rows = staging[load.first : load.first + usable].to(first.device)
+            for index, layer in enumerate(self._layers.values()):
+                layer.index_copy_(0, pages, rows[:, index])
+        return list(load.block_ids[usable:])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Nothing to wait for: :meth:`start_load_kv` loads every layer before the forward."""
@@ -408,6 +460,21 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             self._staging.clear()
             self._filled.clear()
 
+    def get_finished(
+        self,
+        finished_req_ids: set[str],  # noqa: ARG002 - vLLM's signature (saves never wait)
+    ) -> tuple[set[str] | None, set[str] | None]:
+        """Requests whose async load ended; their failed pages join the load errors.
+
+        vLLM asks this before :meth:`get_block_ids_with_load_errors` in the same
+        step, so a request is never reported loaded before its failed pages are.
+        """
+        if self._background is None:
+            return None, None
+        done, failed = self._background.finished()
+        self._load_errors |= failed
+        return None, done or None
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Pages whose load failed since the last call (vLLM recomputes them)."""
         errors, self._load_errors = self._load_errors, set()
@@ -421,6 +488,9 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._background is not None:
+            self._background.close()  # before the store closes under its reads
+            self._background = None
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -44,6 +44,7 @@ STORE_OPTIONS: dict[str, type] = {
 CONNECTOR_OPTIONS: dict[str, type] = {
     "remote": str,  # a directory (a store path) or an s3:// URL: KVStore's remote tier
     "model_id": str,  # the namespace's model id (default: vLLM's model name)
+    "async_load": bool,  # load on a worker thread while the request waits (default False)
 }
 #: The extra-config key naming a mouthguard.toml, and the variable used without it.
 CONFIG_KEY = "config"
@@ -63,12 +64,16 @@ class ConnectorOptions:
         remote: the remote tier's location (a directory or ``s3://`` URL), or None.
         model_id: the namespace's model id, or None for the engine's model name.
         config_file: the mouthguard.toml whose ``[kvcache]`` table was read, or None.
+        async_load: the scheduler returns ``load_kv_async=True`` and the worker fills
+            the pages on a background thread while the request waits (see
+            :mod:`mouthguard.integrations.vllm.loading`); False loads inside the forward.
     """
 
     store: dict[str, Any] = field(default_factory=dict)
     remote: str | None = None
     model_id: str | None = None
     config_file: str | None = None
+    async_load: bool = False
 
 
 def parse_options(
@@ -102,6 +107,7 @@ def parse_options(
         remote=merged.get("remote"),
         model_id=merged.get("model_id"),
         config_file=config_file or None,
+        async_load=merged.get("async_load", False),
     )
 
 
