@@ -58,6 +58,19 @@ class RunInfo:
     server: str
     sources: list[str]
     stall_workers: list[int] = field(default_factory=list)
+    #: The delay the loopback proxy added to every S3 request of the cells (0: none).
+    s3_latency_ms: float = 0.0
+    #: Put before every table title when one run measures several sample sizes.
+    label: str = ""
+
+
+@dataclass
+class Part:
+    """One sample size's measurements: its run figures, its setup rows, its cells."""
+
+    info: RunInfo
+    setup: list[SetupRow]
+    results: list[CellResult]
 
 
 def machine_line(root: Path) -> str:
@@ -257,7 +270,7 @@ def _throughput_sections(
                 if not rows:
                     continue
                 best = best_peer(rows)
-                title = f"{source}, {state}, {w} worker{'s' * (w != 1)}"
+                title = f"{info.label}{source}, {state}, {w} worker{'s' * (w != 1)}"
                 doc.lines += [f"### {title}", ""]
                 if best is not None:
                     doc.lines += [f"Best peer: {config.LABELS[best.reader]}.", ""]
@@ -287,14 +300,14 @@ def _stall_sections(doc: Doc, info: RunInfo, results: list[CellResult], targets:
         if not cells:
             continue
         cells.sort(key=lambda c: (c.workers, config.READERS.index(c.reader)))
-        doc.lines += [f"### Stall at a {info.step_ms:.0f} ms step: {source}", ""]
-        doc.table(f"stall, {source}", STALL_COLUMNS, [stall_cells(c) for c in cells])
+        doc.lines += [f"### {info.label}Stall at a {info.step_ms:.0f} ms step: {source}", ""]
+        doc.table(f"{info.label}stall, {source}", STALL_COLUMNS, [stall_cells(c) for c in cells])
         for cell in cells:
             if cell.reader not in config.MOUTHGUARDS:
                 continue
             for state in STATES:
                 name = (
-                    f"stall, {source}, {state}, {cell.workers} workers: "
+                    f"{info.label}stall, {source}, {state}, {cell.workers} workers: "
                     f"{config.LABELS[cell.reader]} p99 wait per step"
                 )
                 goal = f"≤ {limit_ms:.1f} ms"
@@ -314,9 +327,14 @@ def _stall_sections(doc: Doc, info: RunInfo, results: list[CellResult], targets:
                 )
 
 
+def _suffix(info: RunInfo) -> str:
+    """`` (10K samples)`` after a section's heading when the run has several sample sizes."""
+    return f" ({info.label.removesuffix(': ')})" if info.label else ""
+
+
 def _setup_section(info: RunInfo, setup: list[SetupRow]) -> list[str]:
     lines = [
-        "## The dataset",
+        f"## The dataset{_suffix(info)}",
         "",
         f"{info.samples} samples of {info.sample_size} bytes "
         f"({info.samples * info.sample_size / 2**30:.2f} GiB of payload), keys `s00000000`, ...; "
@@ -335,17 +353,42 @@ def _setup_section(info: RunInfo, setup: list[SetupRow]) -> list[str]:
     return [*lines, ""]
 
 
-def document(
-    info: RunInfo, setup: list[SetupRow], results: list[CellResult]
-) -> tuple[str, list[Table]]:
-    """The report's markdown, and the rich tables to print."""
+def _body(part: Part) -> tuple[list[str], list[Table]]:
+    """One sample size's sections: its dataset, throughput and stall tables, verdicts."""
+    info = part.info
     doc = Doc()
     targets = ["| target | goal | measured | verdict |", "|---|---|---|---|"]
-    _throughput_sections(doc, info, results, targets)
+    _throughput_sections(doc, info, part.results, targets)
     throughput = doc.lines
     doc.lines = []
-    _stall_sections(doc, info, results, targets)
+    _stall_sections(doc, info, part.results, targets)
     stalls = doc.lines
+    suffix = _suffix(info)
+    lines = [
+        *_setup_section(info, part.setup),
+        f"## Throughput{suffix}",
+        "",
+        *throughput,
+        f"## Training-step stall{suffix}",
+        "",
+        *stall_text(info),
+        "",
+        *stalls,
+        f"## Targets: verdicts{suffix}",
+        "",
+        *targets,
+        "",
+    ]
+    return lines, doc.tables
+
+
+def document(run: RunInfo, parts: Sequence[Part]) -> tuple[str, list[Table]]:
+    """The report's markdown, and the rich tables to print.
+
+    ``run`` holds what is said once (machine, command, runtime, load, S3 server);
+    each of ``parts`` (one per sample size, in order) gets its own sections.
+    """
+    info = run
     load = " / ".join(f"{x:.2f}" for x in info.load_start)
     load_end = " / ".join(f"{x:.2f}" for x in info.load_end)
     opens_how = (
@@ -381,22 +424,14 @@ def document(
         "",
         *FIGURES_TEXT,
         "",
-        *_setup_section(info, setup),
-        "## Throughput",
-        "",
-        *throughput,
-        "## Training-step stall",
-        "",
-        *stall_text(info),
-        "",
-        *stalls,
-        "## Targets: verdicts",
-        "",
-        *targets,
-        "",
-        *NOTES_TEXT,
     ]
-    return "\n".join(lines).rstrip() + "\n", doc.tables
+    tables: list[Table] = []
+    for part in parts:
+        body, part_tables = _body(part)
+        lines += body
+        tables += part_tables
+    lines += NOTES_TEXT
+    return "\n".join(lines).rstrip() + "\n", tables
 
 
 def cache_text(drop: CacheDrop) -> str:
@@ -414,10 +449,18 @@ def _s3_line(info: RunInfo) -> str:
         return "not measured in this run (`--sources`)"
     if info.s3_problem:
         return f"**not available**: {info.s3_problem}"
-    return (
+    text = (
         f"a throwaway Ceph RGW (ceph {info.server}, memstore: objects in RAM) on 127.0.0.1, "
         "started and stopped by the benchmark"
     )
+    if info.s3_latency_ms > 0:
+        text += (
+            f"; every reader's requests in the cells went through a loopback proxy that "
+            f"held each request back {info.s3_latency_ms:g} ms before passing it on "
+            "(`benchmarks/data/latency.py`; bytes unchanged; uploads went straight to the "
+            "server)"
+        )
+    return text
 
 
 def targets_text(info: RunInfo) -> list[str]:

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -34,7 +35,7 @@ from benchmarks.data.config import Cell, CellResult, Site
 from benchmarks.data.samples import sample_count
 from benchmarks.data.writers import tree_bytes
 from benchmarks.harness import CacheDrop
-from benchmarks.state import parse_size
+from benchmarks.state import parse_size, size_label
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "docs" / "benchmarks-data.md"
@@ -51,12 +52,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.data", description=__doc__)
     parser.add_argument("--size", help="dataset size (default 1G; --quick: 16M)")
     parser.add_argument("--sample-size", default="100K", help="bytes per sample (default 100K)")
+    parser.add_argument(
+        "--sample-sizes",
+        help="several sample sizes (e.g. 10K,100K,1M), each measured in turn, its own tables; "
+        "overrides --sample-size",
+    )
     parser.add_argument("--shard-size", default="64M", help="shard/chunk size, every format")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", help="DataLoader workers per cell (default 1,4)")
     parser.add_argument("--stall-workers", help="workers of the stall check (default 4)")
     parser.add_argument("--step-ms", type=float, default=20.0, help="simulated training step")
     parser.add_argument("--sources", default="local,s3", help="local, s3 or both")
+    parser.add_argument(
+        "--s3-latency-ms",
+        type=float,
+        default=0.0,
+        help="delay added to every S3 request of the cells by a loopback proxy (default 0)",
+    )
     parser.add_argument("--readers", default=",".join(config.READERS), help="which readers")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every cell (median)")
     parser.add_argument("--cell-timeout", type=float, default=600.0, help="seconds per cell")
@@ -79,6 +91,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.stall_list = [int(w) for w in args.stall_workers.split(",") if w]
     if args.repeats < 1 or not args.readers_list or not args.sources_list:
         parser.error("need a repeat, a reader and a source")
+    if args.s3_latency_ms < 0:
+        parser.error(f"--s3-latency-ms must be ≥ 0, got {args.s3_latency_ms}")
+    sizes = args.sample_sizes.split(",") if args.sample_sizes else [args.sample_size]
+    try:
+        args.sample_size_list = [parse_size(s) for s in sizes if s]
+    except ValueError as exc:
+        parser.error(f"bad sample size: {exc}")
+    if not args.sample_size_list or min(args.sample_size_list) < 1:
+        parser.error(f"sample sizes must be at least 1 byte, got {sizes}")
     return args
 
 
@@ -111,11 +132,12 @@ class Runner:
         root: Path,
         tick: Callable[[str], None],
         log: Callable[[str], None],
+        sample_size: int,
     ) -> None:
         self.args, self.root, self.tick, self.log = args, root, tick, log
         self.running: subprocess.Popen[str] | None = None
-        self.samples = sample_count(parse_size(args.size), parse_size(args.sample_size))
-        self.sample_size = parse_size(args.sample_size)
+        self.samples = sample_count(parse_size(args.size), sample_size)
+        self.sample_size = sample_size
         self.shard_size = parse_size(args.shard_size)
         self.cache = CacheDrop()
         self.opens_problem = opens.problem(root / "opens-probe")
@@ -270,10 +292,11 @@ def run_local(run: Runner, readers: list[str]) -> None:
 def run_s3(run: Runner, readers: list[str]) -> str:
     """Every S3 cell, one reader's copy in the bucket at a time; '' or why S3 was skipped."""
     try:
-        with s3.Server() as server:
+        with s3.Server() as server, s3.delayed(server, run.args.s3_latency_ms / 1000) as far:
             assert server.site is not None
             site = server.site
-            run.s3_env, run.server_version = server.env, server.version
+            run.s3_env, run.server_version = far.env, server.version
+            # Uploads go straight to the server; only the cells' reads pay the delay.
             env = {**run.env, **server.env}
             for reader in readers:
                 why = run.upload(reader, site, env)
@@ -281,9 +304,9 @@ def run_s3(run: Runner, readers: list[str]) -> str:
                     run.failed.setdefault(reader, f"the upload failed ({why})")
                 for _ in range(run.args.repeats):
                     for workers in run.args.workers_list:
-                        run.cell(reader, "s3", workers, "throughput", site)
+                        run.cell(reader, "s3", workers, "throughput", far.site)
                     for workers in run.args.stall_list:
-                        run.cell(reader, "s3", workers, "stall", site)
+                        run.cell(reader, "s3", workers, "stall", far.site)
                 # The server keeps objects in RAM: one reader's copy at a time.
                 run.child(["delete", site_json(site), config.s3_prefix(reader)], env)
                 if why := server.reclaim():
@@ -314,6 +337,31 @@ def measure(run: Runner, writes: list[str], local: list[str], remote: list[str])
     return skipped
 
 
+def run_info(args: argparse.Namespace, run: Runner, s3_skipped: str, label: bool) -> report.RunInfo:
+    """What the report says about one sample size's measurements (run-wide fields blank)."""
+    return report.RunInfo(
+        machine="",
+        command="",
+        seconds=0.0,
+        load_start=(0.0, 0.0, 0.0),
+        load_end=(0.0, 0.0, 0.0),
+        samples=run.samples,
+        sample_size=run.sample_size,
+        shard_size=run.shard_size,
+        batch_size=args.batch_size,
+        step_ms=args.step_ms,
+        repeats=args.repeats,
+        cache=report.cache_text(run.cache),
+        opens_problem=run.opens_problem,
+        s3_problem=s3_skipped,
+        server=run.server_version,
+        sources=args.sources_list,
+        stall_workers=args.stall_list,
+        s3_latency_ms=args.s3_latency_ms,
+        label=f"{size_label(run.sample_size)} samples: " if label else "",
+    )
+
+
 def _terminate(signum: int, frame: object) -> None:
     del frame
     raise SystemExit(128 + signum)  # unwinds: the child, the S3 server and the temp dir go
@@ -336,10 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         + len(s3_readers) * ("s3" in args.sources_list)
     )
     runs += len(s3_readers) * ("s3" in args.sources_list)
+    runs *= len(args.sample_size_list)
     started = time.perf_counter()
     load_start = os.getloadavg()
-    s3_skipped = ""
     machine = report.machine_line(root)
+    measured: list[tuple[Runner, str]] = []
     try:
         with Progress(
             TextColumn("{task.description}"),
@@ -353,37 +402,38 @@ def main(argv: list[str] | None = None) -> int:
             def tick(what: str) -> None:
                 progress.update(task, advance=1, description=what)
 
-            run = Runner(args, root, tick, progress.console.print)
-            try:
-                s3_skipped = measure(run, writes, local_readers, s3_readers)
-            finally:
-                run.stop_child()
+            for sample_size in args.sample_size_list:
+                run = Runner(args, root, tick, progress.console.print, sample_size)
+                try:
+                    measured.append((run, measure(run, writes, local_readers, s3_readers)))
+                finally:
+                    run.stop_child()
+                    # The next sample size writes every dataset afresh.
+                    for name in ("datasets", "cache"):
+                        shutil.rmtree(root / name, ignore_errors=True)
     finally:
         if owned:
             shutil.rmtree(root, ignore_errors=True)
         else:  # --dir: remove what was written, keep the directory
             for name in ("datasets", "cache", "opens-probe"):
                 shutil.rmtree(root / name, ignore_errors=True)
-    info = report.RunInfo(
+    several = len(measured) > 1
+    parts = [
+        report.Part(run_info(args, run, skipped, several), run.setup, run.results)
+        for run, skipped in measured
+    ]
+    first = parts[0].info
+    info = replace(
+        first,
         machine=machine,
         command=reproduce(argv),
         seconds=time.perf_counter() - started,
         load_start=load_start,
         load_end=os.getloadavg(),
-        samples=run.samples,
-        sample_size=run.sample_size,
-        shard_size=run.shard_size,
-        batch_size=args.batch_size,
-        step_ms=args.step_ms,
-        repeats=args.repeats,
-        cache=report.cache_text(run.cache),
-        opens_problem=run.opens_problem,
-        s3_problem=s3_skipped,
-        server=run.server_version,
-        sources=args.sources_list,
-        stall_workers=args.stall_list,
+        s3_problem="; ".join(dict.fromkeys(p.info.s3_problem for p in parts if p.info.s3_problem)),
+        server=next((p.info.server for p in parts if p.info.server), ""),
     )
-    doc, tables = report.document(info, run.setup, run.results)
+    doc, tables = report.document(info, parts)
     for table in tables:
         console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

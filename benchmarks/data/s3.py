@@ -18,11 +18,15 @@ import os
 import re
 import time
 from collections import Counter
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import urlsplit
 
 from benchmarks.data.config import BUCKET, Site
+from benchmarks.data.latency import LatencyProxy
 
 _REQUEST = re.compile(rb'beast: \S+ \S+ - \S+ \[[^\]]*\] "([A-Z]+) ')
 _SETTLE, _SETTLE_MAX = 0.3, 5.0
@@ -134,6 +138,40 @@ class Server(AbstractContextManager["Server"]):
         tb: TracebackType | None,
     ) -> None:
         self._cluster.stop()
+
+
+#: The environment variables that name the endpoint (every client reads one of them).
+_ENDPOINT_VARS = ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
+
+
+@dataclass(frozen=True)
+class Route:
+    """How the cells reach the server: its site and client settings (maybe via a proxy)."""
+
+    site: Site
+    env: dict[str, str]
+    delay_s: float
+
+
+@contextmanager
+def delayed(server: Server, delay_s: float) -> Iterator[Route]:
+    """The server as the cells see it: through a :class:`LatencyProxy` when ``delay_s`` > 0.
+
+    With no delay the route is the server itself. With one, every endpoint setting
+    points at the proxy, so every reader's requests (mouthguard's and the peers')
+    pay the same delay; the server's request log still counts them (the proxy
+    changes no byte). The proxy stops when the block ends.
+    """
+    assert server.site is not None
+    if delay_s <= 0:
+        yield Route(server.site, server.env, 0.0)
+        return
+    target = urlsplit(server.site.endpoint)
+    assert target.hostname is not None
+    assert target.port is not None
+    with LatencyProxy(target.hostname, target.port, delay_s) as proxy:
+        env = {**server.env, **dict.fromkeys(_ENDPOINT_VARS, proxy.endpoint)}
+        yield Route(replace(server.site, endpoint=proxy.endpoint), env, delay_s)
 
 
 def _version() -> str:
