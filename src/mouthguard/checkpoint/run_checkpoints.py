@@ -45,10 +45,8 @@ class RunCheckpoints:
     #: Who acts in the audit trail by default (None: ``$MOUTHGUARD_ACTOR``, else user@host).
     actor: str | None
 
-    @property
-    def manifest_keys(self) -> Keyring | None:
-        """The keys saves sign with and loads require (None: unsigned)."""
-        raise NotImplementedError
+    #: The keys saves sign with and loads require (None: unsigned).
+    manifest_keys: Keyring | None
 
     # --- list ------------------------------------------------------------------
 
