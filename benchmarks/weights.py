@@ -159,11 +159,22 @@ class Loaders:
     def fastsafetensors(self) -> dict[str, torch.Tensor]:
         from fastsafetensors import SafeTensorsFileLoader  # noqa: PLC0415 - optional peer
 
-        loader = SafeTensorsFileLoader(None, str(self.device), nogds=self.device.type != "cuda")
+        device = self.device
+        if device.type == "cuda" and device.index is None:
+            # fastsafetensors refuses a bare "cuda" ("Expected a torch.device with a
+            # specified index"): name the current device, as an engine would.
+            device = torch.device("cuda", torch.cuda.current_device())
+        loader = SafeTensorsFileLoader(None, str(device), nogds=device.type != "cuda")
         try:
             loader.add_filenames({0: [str(f) for f in self.files]})
             buffers = loader.copy_files_to_device()
-            out = {name: buffers.get_tensor(name) for name in self.state}
+            # The tensors are views of the loader's device buffers, which close() frees
+            # on a GPU: clone them (a device-to-device copy, counted in the time).
+            keep = device.type == "cuda"
+            out = {
+                name: buffers.get_tensor(name).clone() if keep else buffers.get_tensor(name)
+                for name in self.state
+            }
             buffers.close()
         finally:
             loader.close()
