@@ -47,6 +47,7 @@ from typing import Any
 import numpy.typing as npt
 
 from mouthguard.errors import KVCacheBusyError, KVCacheError
+from mouthguard.io.direct_write import enable_direct
 from mouthguard.kvcache.blocks import Payload, aligned_frame, block_checksum, padded
 from mouthguard.kvcache.segments import (
     Location,
@@ -61,7 +62,6 @@ from mouthguard.kvcache.segments import (
     segment_ids,
     write_payloads,
 )
-from mouthguard.tiers.direct_write import enable_direct
 
 log = logging.getLogger(__name__)
 

@@ -44,10 +44,10 @@ import numpy.typing as npt
 import xxhash
 
 from mouthguard.errors import FormatError
+from mouthguard.io.direct_read import read_direct
+from mouthguard.io.direct_write import ALIGN, BLOCK_BYTES, BOUNCE_BUFFERS, copy_into
 from mouthguard.kvcache.blocks import BlockDesc, Payload, padded, parse_desc
 from mouthguard.kvcache.keys import KEY_BYTES
-from mouthguard.tiers.direct_read import read_direct
-from mouthguard.tiers.direct_write import ALIGN, BLOCK_BYTES, BOUNCE_BUFFERS, copy_into
 
 IDX_MAGIC = b"MGKVIDX1"
 _HEADER = struct.Struct("<8sQQ")

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mouthguard.checkpoint.host_ring import SLOT_BYTES, HostRing
 from mouthguard.errors import ChecksumMismatchError, WeightsError
 from mouthguard.format.dtypes import torch_dtype
+from mouthguard.io.host_ring import SLOT_BYTES, HostRing
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.local import LocalTier
 from mouthguard.weights.cache import localize

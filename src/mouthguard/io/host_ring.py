@@ -28,10 +28,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mouthguard.checkpoint.read_ahead import READ_AHEAD, read_in_order
 from mouthguard.format.rank_file import byte_view
+from mouthguard.io.read_ahead import READ_AHEAD, read_in_order
 from mouthguard.tiers.base import Tier
-from mouthguard.tiers.io_pool import IOPool
 
 # torch is imported where tensors are made (see checkpoint/staging.py).
 if TYPE_CHECKING:
@@ -197,7 +196,6 @@ def read_landings(
     ring: HostRing | None,
     *,
     ahead: int = READ_AHEAD,
-    pool: IOPool | None = None,
 ) -> Iterator[memoryview]:
     """Do every read of ``landings`` (``ahead`` in flight); yield each one's bytes in order.
 
@@ -230,7 +228,7 @@ def read_landings(
             slot += 1
             yield landing.offset, byte_view(buffer[: landing.length])
 
-    for view in read_in_order(tier, key, jobs(), ahead=ahead, pool=pool):
+    for view in read_in_order(tier, key, jobs(), ahead=ahead):
         landing, slot = queue.popleft()
         if slot >= 0 and ring is not None:
             for start, length, dest in landing.parts:
