@@ -104,17 +104,13 @@ class HostRing:
     def from_device(self, index: int, source: torch.Tensor) -> int:
         """Queue the copy of ``source`` (flat uint8) into slot ``index``; return its bytes.
 
-        The bytes are in the slot once :meth:`wait` returns for the same index.
+        The bytes are in the slot once :meth:`acquire` returns for the same index.
         """
         slot = index % len(self._buffers)
         nbytes = source.numel()
         self._buffers[slot][:nbytes].copy_(source, non_blocking=self.pinned)
         self._record(slot)
         return int(nbytes)
-
-    def wait(self, index: int) -> torch.Tensor:
-        """Slot ``index`` with its last copy finished (alias of :meth:`acquire`)."""
-        return self.acquire(index)
 
     def drain(self) -> None:
         """Wait for every copy in flight."""
@@ -166,7 +162,7 @@ def stream_from_device(sources: Iterable[torch.Tensor], ring: HostRing) -> Itera
 
 
 def _filled(ring: HostRing, index: int, nbytes: int) -> memoryview:
-    return byte_view(ring.wait(index)[:nbytes])
+    return byte_view(ring.acquire(index)[:nbytes])
 
 
 @dataclass(frozen=True)
