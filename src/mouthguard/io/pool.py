@@ -11,8 +11,8 @@ the same disk, so they share one set of threads instead of each sizing its own.
 (1 to :data:`MAX_IO_THREADS`) read once, when the pool starts its first task.
 The threads spend their time in the kernel (``pwrite``, ``preadv`` and
 object-store requests release the GIL), so the CPU count does not bound them;
-the device's queue does. Eight is what the weights loader had measured for
-virtual and network disks, which reach their speed only with many requests
+the device's queue does. Eight was the weights loader's own pool, chosen
+because virtual and network disks reach their speed only with many requests
 queued, and is the largest of the three pools this one replaces (writes 4,
 checkpoint reads 4, weights reads 8).
 
