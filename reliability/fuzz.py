@@ -175,8 +175,6 @@ def run(
     try:
         while start < total:
             attempt += 1
-            progress.write_bytes(PROGRESS.pack(-1, time.monotonic()))
-            result_path = work / f"result-{attempt}.json"
             spec = {
                 "plan": plan,
                 "seed": seed,
@@ -187,38 +185,20 @@ def run(
                 "findings": str(findings),
                 "seeds": str(seeds_path),
                 "progress": str(progress),
-                "result": str(result_path),
+                "result": str(work / f"result-{attempt}.json"),
             }
-            proc = _spawn(spec, work / f"spec-{attempt}.json")
+            result, died = _run_worker(spec, work, attempt, watchdog)
             dump = []
-            died = _watch(proc, progress, watchdog)
-            result = _read_result(result_path) or {"next": start, "targets": {}, "failures": []}
             _merge(merged, result["targets"])
             failures.extend(result["failures"])
             writes.update(result.get("writes_outside", []))
             if result.get("complete"):
                 break
             index, _ = _progress(progress)
-            if died is None:
-                stderr = (work / f"spec-{attempt}.stderr").read_text(errors="replace")[-400:]
-                died = f"crash: worker exited with {proc.returncode}: {stderr.strip()}"
             if index < 0 or attempt > 50:
                 failures.append({"index": -1, "target": "worker", "mode": "", "problem": died})
                 break
-            target, _ = locate(plan, index)
-            failures.append(
-                {
-                    "index": index,
-                    "target": target,
-                    "mode": "",
-                    "problem": died,
-                    "replay": str(findings / f"case-{index}"),
-                }
-            )
-            stats = merged.setdefault(
-                target, {"cases": 0, "survived": 0, "accepted_corrupt": 0, "max_seconds": 0.0}
-            )
-            stats["cases"] += 1
+            _count_the_killer(plan, index, died, findings, merged, failures)
             skip.append(index)
             dump.append(index)
             start = int(result["next"])
@@ -226,6 +206,52 @@ def run(
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
     return _result(level, seed, started, merged, failures, writes, attempt)
+
+
+def _run_worker(
+    spec: dict[str, Any], work: Path, attempt: int, watchdog: float
+) -> tuple[dict[str, Any], str]:
+    """Run one worker from ``spec["start"]`` until it finishes, dies or hangs.
+
+    Returns what it reported (an empty report starting where it started, if it
+    wrote none) and, when it did not complete, why it stopped: killed by the
+    watchdog, or its exit status and the tail of its stderr ("" when it completed).
+    """
+    progress = Path(spec["progress"])
+    progress.write_bytes(PROGRESS.pack(-1, time.monotonic()))
+    proc = _spawn(spec, work / f"spec-{attempt}.json")
+    died = _watch(proc, progress, watchdog)
+    empty = {"next": spec["start"], "targets": {}, "failures": []}
+    result = _read_result(Path(spec["result"])) or empty
+    if died is None and not result.get("complete"):
+        stderr = (work / f"spec-{attempt}.stderr").read_text(errors="replace")[-400:]
+        died = f"crash: worker exited with {proc.returncode}: {stderr.strip()}"
+    return result, died or ""
+
+
+def _count_the_killer(
+    plan: dict[str, int],
+    index: int,
+    died: str,
+    findings: Path,
+    merged: dict[str, dict[str, Any]],
+    failures: list[dict[str, Any]],
+) -> None:
+    """Record case ``index``, which crashed or hung its worker, as a failed case of its target."""
+    target, _ = locate(plan, index)
+    failures.append(
+        {
+            "index": index,
+            "target": target,
+            "mode": "",
+            "problem": died,
+            "replay": str(findings / f"case-{index}"),
+        }
+    )
+    stats = merged.setdefault(
+        target, {"cases": 0, "survived": 0, "accepted_corrupt": 0, "max_seconds": 0.0}
+    )
+    stats["cases"] += 1
 
 
 def _watch(proc: subprocess.Popen[bytes], progress: Path, watchdog: float) -> str | None:

@@ -1,4 +1,4 @@
-"""A fake :class:`~mouthguard.tiers.clock.Clock` for tests: time moves only when the code waits.
+"""A fake :class:`~mouthguard.clock.Clock` for tests: time moves only when the code waits.
 
 ``sleep`` and ``wait`` return at once, having moved the clock forward as far as
 the wait would have lasted; callbacks scheduled with :meth:`FakeClock.call_at`

@@ -1,6 +1,11 @@
 """The package's layers, enforced: data flows framework -> checkpoint -> policy -> tiers.
 
-* ``tiers`` import nothing above them (only ``errors`` and each other).
+* ``tiers`` import nothing above them (only ``errors``, ``pathsafety``, ``clock``
+  and the low half of ``io``).
+* ``io`` is two levels: its pool and direct I/O sit below the tiers (the local and
+  KV disk tiers build on them); ``io.read_ahead`` and ``io.host_ring`` read from a
+  ``Tier`` and so sit above the tiers and below checkpoints and weights. Each of
+  those two modules is a layer of its own in :data:`ALLOWED`.
 * ``policy`` and ``plan`` are pure: no I/O layer, no tiers, no torch I/O.
 * ``format`` knows nothing of checkpoints, tiers' implementations or the CLI.
 * ``jobs`` move copies between tiers on the policy's word; nothing below imports them
@@ -25,19 +30,41 @@ import pytest
 PACKAGE = Path(__file__).parents[1] / "src" / "mouthguard"
 ROOT = "mouthguard"
 
+#: The modules of ``io`` that read from a tier: above ``tiers``, unlike the rest of ``io``.
+IO_ABOVE_TIERS = {"io.read_ahead", "io.host_ring"}
+
 #: Lower layers everything may build on (a new layer usually needs these).
-_BASE = {"errors", "version", "pathsafety", "format", "policy", "tiers", "config"}
+_BASE = {
+    "errors",
+    "version",
+    "pathsafety",
+    "clock",
+    "io",
+    "format",
+    "policy",
+    "tiers",
+    "config",
+} | IO_ABOVE_TIERS
 
 #: layer -> mouthguard sub-packages/modules it may import. A layer is the first
-#: component under ``mouthguard`` (a sub-package or a top-level module); add a
-#: new one here with the layers below it.
+#: component under ``mouthguard`` (a sub-package or a top-level module), or a
+#: dotted path below it listed here, which gives those modules rules of their own
+#: (the longest listed path wins); add a new one here with the layers below it.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    # Time as a parameter (monotonic, sleep, timed waits): imports nothing of mouthguard.
+    "clock": set(),
+    # The one I/O pool and direct I/O: below the tiers that build on them.
+    "io": {"errors", "clock", "io"},
+    # Parallel ranged reads from a Tier, in file order.
+    "io.read_ahead": {"errors", "tiers", "io"},
+    # Host buffers between a tier and a device (format.rank_file for byte views).
+    "io.host_ring": {"errors", "format", "tiers", "io", "io.read_ahead"},
     # The distribution's version (``importlib.metadata``): below everything.
     "version": set(),
     # The one rule for names that become paths or keys: every validator builds on it.
     "pathsafety": set(),
-    "tiers": {"errors", "pathsafety", "tiers"},
+    "tiers": {"errors", "pathsafety", "clock", "io", "tiers"},
     "policy": {"errors", "policy"},
     # tiers.object_keys for name validation only
     "format": {"errors", "pathsafety", "format", "policy", "tiers"},
@@ -58,7 +85,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"errors", "pathsafety", "format", "tiers", "data"},
     # KV-cache blocks for inference: transient state over memory, disk and any tier;
     # format.signing only for the store key that MACs remote objects.
-    "kvcache": {"errors", "pathsafety", "format", "policy", "tiers", "kvcache"},
+    "kvcache": {"errors", "pathsafety", "io", "format", "policy", "tiers", "kvcache"},
     # Trainer and engine plug-ins (Lightning, Hugging Face, vLLM): adapters above
     # checkpoint, as dcp is, and above the KV store and the weights loader (vLLM).
     "integrations": _BASE | {"checkpoint", "kvcache", "weights", "integrations"},
@@ -270,9 +297,19 @@ def test_the_graph_is_not_empty() -> None:
 
 
 def _layer_of(module: str) -> str:
-    """``checkpoint`` for ``mouthguard.checkpoint.store``; ``__init__`` for the package."""
+    """``checkpoint`` for ``mouthguard.checkpoint.store``; ``__init__`` for the package.
+
+    A module that :data:`ALLOWED` names by a longer path (``io.host_ring``) is
+    that layer: the longest listed path it is or lies under wins.
+    """
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "__init__"
+    if len(parts) == 1:
+        return "__init__"
+    for end in range(len(parts), 2, -1):
+        candidate = ".".join(parts[1:end])
+        if candidate in ALLOWED:
+            return candidate
+    return parts[1]
 
 
 def _layer(path: Path) -> str:
@@ -282,12 +319,31 @@ def _layer(path: Path) -> str:
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if _layer(p) in ALLOWED)
 
 
+def _illegal_layers(module: str, targets: Set[str]) -> set[str]:
+    """The layers ``module`` imports from ``targets`` that its own layer may not."""
+    layer = _layer_of(module)
+    return {_layer_of(t) for t in targets} - {layer} - ALLOWED[layer]
+
+
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_module_respects_its_layer(path: Path) -> None:
-    layer = _layer(path)
-    imported = {_layer_of(m) for m in GRAPH[_module_name(path)]} - {layer}
-    illegal = imported - ALLOWED[layer]
-    assert not illegal, f"{path.relative_to(PACKAGE)} ({layer}) imports {sorted(illegal)}"
+    illegal = _illegal_layers(_module_name(path), GRAPH[_module_name(path)])
+    assert not illegal, f"{path.relative_to(PACKAGE)} ({_layer(path)}) imports {sorted(illegal)}"
+
+
+def test_io_is_split_around_the_tiers() -> None:
+    # The low half of io sits below the tiers, the half that reads a Tier above them.
+    assert _layer_of("mouthguard.io.direct_write") == "io"
+    assert _layer_of("mouthguard.io.host_ring") == "io.host_ring"
+    assert not _illegal_layers("mouthguard.tiers.local", {"mouthguard.io.direct_read"})
+    assert _illegal_layers("mouthguard.tiers.local", {"mouthguard.io.read_ahead"}) == {
+        "io.read_ahead"
+    }
+    assert _illegal_layers("mouthguard.io.pool", {"mouthguard.tiers.base"}) == {"tiers"}
+    assert _illegal_layers("mouthguard.io.direct_read", {"mouthguard.io.host_ring"}) == {
+        "io.host_ring"
+    }
+    assert not _illegal_layers("mouthguard.io.host_ring", {"mouthguard.io.read_ahead"})
 
 
 def test_every_layer_is_known() -> None:

@@ -10,8 +10,9 @@ perfectly intact checkpoint of a dead model. These checks look at the state::
     ckpt.save(step, state, check=checks.finite())   # NaN never committed as a recovery point
 
 Every check returns ``None`` when the state passes, else a one-line reason
-(see :mod:`mouthguard.checkpoint.semantic` for the contract). ``all_of``
-combines them.
+(see :mod:`mouthguard.checkpoint.checking` for the contract and how verdicts are
+kept). ``all_of`` combines them. A check of your own is any :data:`Check`: a
+callable taking a :class:`CheckInput`, both importable from here.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from mouthguard.checkpoint.semantic import Check, CheckInput
+from mouthguard.checkpoint.checking import Check, CheckInput
 
 if TYPE_CHECKING:
     import torch
+
+__all__ = ["Check", "CheckInput", "Recomputed", "all_of", "finite", "reference"]
 
 #: How many offending key paths a reason names.
 _NAMED = 3

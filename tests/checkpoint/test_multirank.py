@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import mouthguard
-from mouthguard.checkpoint.semantic import CheckInput
+from mouthguard.checks import CheckInput
 from mouthguard.errors import (
     RankFailedError,
     StateMismatchError,

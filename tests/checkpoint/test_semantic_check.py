@@ -12,7 +12,7 @@ import torch
 
 import mouthguard
 from mouthguard import checks
-from mouthguard.checkpoint.semantic import CheckInput
+from mouthguard.checks import CheckInput
 from mouthguard.cli.main import main
 from mouthguard.errors import SuspectCheckpointError
 from mouthguard.jobs.replicator import Replicator
@@ -211,3 +211,13 @@ def test_every_report_calls_it_suspect_with_its_reason(
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     suspect = {line["step"]: line["suspect"] for line in lines}
     assert suspect[1] is None and suspect[2] is None and "16 NaN" in suspect[3]
+
+
+def test_the_old_module_of_the_check_types_still_imports_with_a_warning() -> None:
+    import importlib  # noqa: PLC0415 - the import under test
+    import sys  # noqa: PLC0415
+
+    sys.modules.pop("mouthguard.checkpoint.semantic", None)
+    with pytest.warns(DeprecationWarning, match=r"mouthguard\.checks"):
+        old = importlib.import_module("mouthguard.checkpoint.semantic")
+    assert old.CheckInput is CheckInput and old.Check is checks.Check

@@ -22,7 +22,7 @@ import mouthguard
 from mouthguard.checkpoint.sidecars import CopyRef, mark_suspect
 from mouthguard.checkpoint.verification import verify_and_record
 from mouthguard.dashboard import DashboardThread, SnapshotCache, Sources, create_app
-from mouthguard.dashboard.cache import utc_now
+from mouthguard.dashboard.snapshot_cache import utc_now
 from mouthguard.jobs.replicator import Replicator
 from tests.checkpoint.helpers import step_path
 

@@ -156,8 +156,14 @@ def test_metrics_parse_as_prometheus_text(ops: mouthguard.Store) -> None:
     assert count("protected", "milestone") == 1  # alpha 20
     assert count("committed", "routine") >= 1  # alpha 30
     assert sum(v for (name, _), v in samples.items() if name == "mouthguard_checkpoints") == 8
-    assert samples[("mouthguard_verification_failures", (("tier", "fast"),))] == 1  # beta 5
-    assert samples[("mouthguard_verification_failures", (("tier", "durable"),))] == 0
+    assert samples[("mouthguard_damaged_copies", (("tier", "fast"),))] == 1  # beta 5
+    assert samples[("mouthguard_damaged_copies", (("tier", "durable"),))] == 0
+    # The old name, still exported for one release with the same samples.
+    for tier in ("fast", "durable"):
+        assert (
+            samples[("mouthguard_verification_failures", (("tier", tier),))]
+            == samples[("mouthguard_damaged_copies", (("tier", tier),))]
+        )
     unprotected = samples[("mouthguard_unprotected_bytes", (("importance", "routine"),))]
     assert unprotected > 0
     assert samples[("mouthguard_held_checkpoints", ())] == 1

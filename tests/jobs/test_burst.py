@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 
+from mouthguard.clock import SystemClock
 from mouthguard.jobs.burst import ANNOUNCE_LEAD_SECONDS, MAX_YIELD_SECONDS, BurstGate
-from mouthguard.tiers.clock import SystemClock
 from tests.fake_clock import FakeClock
 
 

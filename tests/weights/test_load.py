@@ -10,8 +10,8 @@ import torch
 
 import mouthguard
 from mouthguard import weights
-from mouthguard.checkpoint import host_ring
 from mouthguard.errors import ChecksumMismatchError, RankFileError, WeightsError
+from mouthguard.io import host_ring
 from mouthguard.weights.gds import gds_status
 from mouthguard.weights.pipeline import READS_AHEAD
 from tests.checkpoint.helpers import flip_byte

@@ -20,6 +20,7 @@ from typing import Any, Self
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.async_save import SaveHandle
+from mouthguard.checkpoint.checking import Check, guard_save
 from mouthguard.checkpoint.info import (
     CheckpointInfo,
     LoadedCheckpoint,
@@ -34,7 +35,6 @@ from mouthguard.checkpoint.peer_tier import PeerTier
 from mouthguard.checkpoint.ranks import COLLECTIVE_TIMEOUT, detect_ranks
 from mouthguard.checkpoint.run_checkpoints import RunCheckpoints
 from mouthguard.checkpoint.saving import SavePipeline
-from mouthguard.checkpoint.semantic import Check, guard_save
 from mouthguard.checkpoint.store import Store, open_store
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
 from mouthguard.policy.importance import Importance, parse_importance
@@ -392,7 +392,7 @@ class Checkpointer(RunCheckpoints):
                 (``"cuda"``, ``torch.device(...)``; default: the CPU), the same way.
             check: a semantic check run on the loaded state before it is returned
                 (:mod:`mouthguard.checks`: ``finite()``, ``reference(...)``, or any
-                callable taking a :class:`~mouthguard.checkpoint.semantic.CheckInput`
+                callable taking a :class:`~mouthguard.checks.CheckInput`
                 and returning None or why the state is wrong). A checkpoint that
                 fails it is marked suspect in the store's facts (``ls``, ``show``)
                 and, with ``step=None``, the load falls back to the next older one;

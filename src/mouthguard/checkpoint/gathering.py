@@ -17,8 +17,8 @@ import logging
 from dataclasses import dataclass
 
 from mouthguard.checkpoint import catalog
+from mouthguard.checkpoint.checking import saved_suspect
 from mouthguard.checkpoint.reader import read_manifest
-from mouthguard.checkpoint.semantic import saved_suspect
 from mouthguard.checkpoint.sidecars import CopyRef, Sidecars, read_sidecars
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import MouthguardError, is_data_damage

@@ -13,7 +13,7 @@ ranks agree (``all_gather``) whether *every* rank loaded it. If one rank's file
 is damaged on every tier, all ranks move on to the next older step together, so
 a job never resumes from a mix of steps.
 
-Semantic checks (:mod:`~mouthguard.checkpoint.semantic`): a fallback load skips
+Semantic checks (:mod:`~mouthguard.checkpoint.checking`): a fallback load skips
 checkpoints already marked suspect; with a ``check``, every rank runs it on its
 loaded part, the ranks agree, and a failure marks the checkpoint suspect on
 every copy (the coordinator writes) and moves on to the next older step, with a
@@ -32,16 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.audit import audited
-from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
-from mouthguard.checkpoint.ranks import RankGroup
-from mouthguard.checkpoint.reader import load_copy, read_manifest
-from mouthguard.checkpoint.semantic import (
+from mouthguard.checkpoint.checking import (
     Check,
     CheckInput,
     agreed_verdicts,
     reference_of,
     saved_suspect,
 )
+from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
+from mouthguard.checkpoint.ranks import RankGroup
+from mouthguard.checkpoint.reader import load_copy, read_manifest
 from mouthguard.checkpoint.sidecars import (
     CopyRef,
     mark_checked,

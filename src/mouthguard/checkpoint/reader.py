@@ -1,7 +1,7 @@
 """Reading a checkpoint copy from one tier with every byte verified.
 
 Rank files are read in chunks straight into the destination tensors' memory,
-several chunks in flight at once (:mod:`~mouthguard.checkpoint.read_ahead`) but
+several chunks in flight at once (:mod:`~mouthguard.io.read_ahead`) but
 handed back in file order; each chunk is fed to the checksum right after it
 lands (still in cache), so verification needs no second pass and no second copy
 of the state. Before any tensor byte is trusted the copy is checked against its
@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint.catalog import manifest_key
-from mouthguard.checkpoint.host_ring import HostRing, Landing, device_bytes, read_landings
-from mouthguard.checkpoint.read_ahead import READ_AHEAD, read_in_order
 from mouthguard.errors import (
     ChecksumMismatchError,
     FormatError,
@@ -43,6 +41,8 @@ from mouthguard.format.state_tree import (
     tensor_references,
     unflatten_state,
 )
+from mouthguard.io.host_ring import HostRing, Landing, device_bytes, read_landings
+from mouthguard.io.read_ahead import READ_AHEAD, read_in_order
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
 

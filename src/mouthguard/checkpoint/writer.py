@@ -20,7 +20,7 @@ Commit protocol:
 
 Checksums are computed on the bytes as they stream to the tier, so there is no
 second pass over the data. Tensors on a GPU stream through a small ring of pinned
-host buffers (:mod:`~mouthguard.checkpoint.host_ring`): the next chunks' device-to-host
+host buffers (:mod:`~mouthguard.io.host_ring`): the next chunks' device-to-host
 copies run while the current one is hashed and written, and host memory stays at
 the ring's size however large the state.
 """
@@ -33,13 +33,13 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from mouthguard.checkpoint.catalog import checkpoint_prefix, partial_prefix, rank_file_name
-from mouthguard.checkpoint.host_ring import HostRing, device_bytes, stream_from_device
 from mouthguard.errors import CheckpointExistsError, FormatError, ObjectExistsError
 from mouthguard.format.checksum import StreamHasher
 from mouthguard.format.dtypes import dtype_code
 from mouthguard.format.manifest import MANIFEST_NAME, FileRecord, TensorRecord
 from mouthguard.format.rank_file import RankFileLayout, build_layout, byte_view
 from mouthguard.format.state_tree import FlatState
+from mouthguard.io.host_ring import HostRing, device_bytes, stream_from_device
 from mouthguard.tiers.base import PutMode, StableChunks, Tier
 from mouthguard.version import VERSION
 

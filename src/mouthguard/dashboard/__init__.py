@@ -19,7 +19,7 @@ Needs the ``serve`` extra (starlette, uvicorn, prometheus-client). Modules:
 from __future__ import annotations
 
 from mouthguard.dashboard.app import Sources, create_app
-from mouthguard.dashboard.cache import SnapshotCache
 from mouthguard.dashboard.server import Address, DashboardThread
+from mouthguard.dashboard.snapshot_cache import SnapshotCache
 
 __all__ = ["Address", "DashboardThread", "SnapshotCache", "Sources", "create_app"]

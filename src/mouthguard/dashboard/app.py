@@ -64,10 +64,10 @@ from mouthguard.checkpoint.surface import (
     validate_step,
 )
 from mouthguard.dashboard import metrics
-from mouthguard.dashboard.cache import SnapshotCache
 from mouthguard.dashboard.datasets import KVStats, dataset_rows, kvcache_rows
 from mouthguard.dashboard.peers import peer_memory
 from mouthguard.dashboard.snapshot import STATES, Row, summary
+from mouthguard.dashboard.snapshot_cache import SnapshotCache
 from mouthguard.errors import MouthguardError
 from mouthguard.format.strict_json import StrictJsonError, parse
 from mouthguard.policy.importance import Importance, parse_importance

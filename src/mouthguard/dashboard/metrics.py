@@ -17,9 +17,11 @@ series                                         value
 ``last_save_stall_seconds{run}``               how long the run's newest recorded save
                                                blocked training
 ``last_save_seconds{run}``                     how long that save took until its manifest
-``verification_failures{tier}``                copies on the tier that a reader found
+``damaged_copies{tier}``                       copies on the tier that a reader found
                                                damaged (a standing damage report, or an
-                                               unreadable manifest)
+                                               unreadable manifest); also exported under
+                                               its old name ``verification_failures``
+                                               for one release (:data:`RENAMED`)
 ``pending_actions{action}``                    copy actions retention would take now
 ``held_checkpoints``                           checkpoints under at least one hold
 ``snapshot_age_seconds``                       age of the store read these come from
@@ -43,6 +45,9 @@ from mouthguard.dashboard.snapshot import STATES, Snapshot, is_unprotected
 from mouthguard.policy.importance import Importance
 
 PREFIX = "mouthguard_"
+#: Old series name -> new, both exported with the same samples for one release, so
+#: an alert on the old name keeps firing (a series that vanishes alerts nobody).
+RENAMED = {"verification_failures": "damaged_copies"}
 #: The ``Content-Type`` of the text exposition format that :func:`render` produces.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -60,7 +65,7 @@ class SnapshotCollector(Collector):
         yield _checkpoints(snapshot)
         yield _unprotected(snapshot)
         yield from _per_run(snapshot, self._now())
-        yield _failures(snapshot)
+        yield from _damaged(snapshot)
         pending = GaugeMetricFamily(
             PREFIX + "pending_actions",
             "Copy actions retention would take now (what `mouthguard gc` would do).",
@@ -154,20 +159,26 @@ def _per_run(snapshot: Snapshot, now: dt.datetime) -> Iterator[GaugeMetricFamily
     yield from (lag, stall, took)
 
 
-def _failures(snapshot: Snapshot) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(
-        PREFIX + "verification_failures",
-        "Copies a reader found damaged (a standing damage report or an unreadable manifest).",
-        labels=["tier"],
-    )
+def _damaged(snapshot: Snapshot) -> Iterator[GaugeMetricFamily]:
+    """Damaged copies present now, per tier, under the name and its deprecated old name."""
     counts = {str(t["name"]): 0 for t in snapshot.tiers}
     for row in snapshot.rows:
         for copy in row["copies"]:
             if copy["damage"]:
                 counts[copy["tier"]] = counts.get(copy["tier"], 0) + 1
-    for tier, count in counts.items():
-        family.add_metric([tier], count)
-    return family
+    help_text = (
+        "Copies a reader found damaged (a standing damage report or an unreadable manifest)."
+    )
+    names = {"damaged_copies": help_text}
+    names.update(
+        (old, f"Deprecated name of {PREFIX}{new}, exported for one release. {help_text}")
+        for old, new in RENAMED.items()
+    )
+    for name, text in names.items():
+        family = GaugeMetricFamily(PREFIX + name, text, labels=["tier"])
+        for tier, count in counts.items():
+            family.add_metric([tier], count)
+        yield family
 
 
 def registry_for(

@@ -9,7 +9,7 @@ burst (``save_started``/``save_finished``) or announce it ahead of time
 Thread-safe. Never blocks a saver; only background work waits, and always with
 a bound so a forgotten ``save_finished`` cannot stall replication forever.
 
-Time comes from the gate's :class:`~mouthguard.tiers.clock.Clock` (the real one
+Time comes from the gate's :class:`~mouthguard.clock.Clock` (the real one
 by default), so tests drive announcements and bounded waits without sleeping.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
+from mouthguard.clock import SYSTEM_CLOCK, Clock
 
 #: Start yielding this long before an announced save.
 ANNOUNCE_LEAD_SECONDS = 2.0

@@ -36,6 +36,7 @@ from mouthguard.checkpoint.sidecars import (
 )
 from mouthguard.checkpoint.store import Store
 from mouthguard.checkpoint.verification import verify_and_record
+from mouthguard.clock import SYSTEM_CLOCK, Clock
 from mouthguard.errors import CheckpointExistsError, MouthguardError
 from mouthguard.format.manifest import MANIFEST_NAME
 from mouthguard.jobs.burst import BurstGate
@@ -43,7 +44,6 @@ from mouthguard.jobs.copy import CopyResult, SourceDamagedError, copy_checkpoint
 from mouthguard.policy.config import PolicyConfig
 from mouthguard.policy.placement import Placement, placement_for, protection_status
 from mouthguard.tiers.base import Tier
-from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

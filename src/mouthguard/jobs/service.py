@@ -33,11 +33,11 @@ from typing_extensions import override
 
 from mouthguard.checkpoint.listeners import CheckpointListener
 from mouthguard.checkpoint.store import Store
+from mouthguard.clock import SYSTEM_CLOCK, Clock
 from mouthguard.jobs.burst import BurstGate
 from mouthguard.jobs.replicator import ReplicationReport, Replicator
 from mouthguard.jobs.retention import apply_retention
 from mouthguard.jobs.scrub import DEFAULT_MAX_AGE_SECONDS, scrub
-from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 

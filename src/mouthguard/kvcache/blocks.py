@@ -32,7 +32,7 @@ import torch
 import xxhash
 
 from mouthguard.errors import FormatError, KVCacheError
-from mouthguard.tiers.direct_write import ALIGN
+from mouthguard.io.direct_write import ALIGN
 
 #: What a block may be: a numpy array or a torch tensor.
 Block = Any

@@ -47,9 +47,10 @@ from typing import Any
 import numpy.typing as npt
 
 from mouthguard.errors import KVCacheBusyError, KVCacheError
+from mouthguard.io.direct_write import enable_direct
 from mouthguard.kvcache.blocks import Payload, aligned_frame, block_checksum, padded
 from mouthguard.kvcache.segments import (
-    Location,
+    SegmentEntry,
     append,
     data_path,
     drop_record,
@@ -61,7 +62,6 @@ from mouthguard.kvcache.segments import (
     segment_ids,
     write_payloads,
 )
-from mouthguard.tiers.direct_write import enable_direct
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class DiskLevel:
             raise KVCacheError(f"disk capacity {capacity} holds fewer than two segments")
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_directory(self.directory)
-        self.index: dict[bytes, Location] = {}
+        self.index: dict[bytes, SegmentEntry] = {}
         self.segments: dict[int, Segment] = {}
         self.file_bytes = 0
         self.active: int | None = None
@@ -164,7 +164,7 @@ class DiskLevel:
 
     # --- metadata (under the store's lock) ---
 
-    def plan(self, payload: Payload) -> Location:
+    def plan(self, payload: Payload) -> SegmentEntry:
         """Count a record for ``payload`` in the active segment and return its location.
 
         The caller has made room: ``file_bytes + padded(payload.nbytes) <= capacity``.
@@ -179,7 +179,9 @@ class DiskLevel:
             self.active = segment
             active = self.segments[segment] = Segment()
             self._create(segment)
-        location = Location(segment, active.size, payload.nbytes, payload.checksum, payload.desc)
+        location = SegmentEntry(
+            segment, active.size, payload.nbytes, payload.checksum, payload.desc
+        )
         active.size += span
         active.pending += 1
         self.file_bytes += span
@@ -190,19 +192,19 @@ class DiskLevel:
         data_path(self.directory, segment).touch()
         index_path(self.directory, segment).write_bytes(log_header(segment))
 
-    def publish(self, key: bytes, location: Location) -> None:
+    def publish(self, key: bytes, location: SegmentEntry) -> None:
         """Make a written record the key's disk copy (an older copy becomes dead)."""
         self.segments[location.segment].pending -= 1
         self.forget(key)
         self._publish(key, location)
 
-    def _publish(self, key: bytes, location: Location) -> None:
+    def _publish(self, key: bytes, location: SegmentEntry) -> None:
         self.index[key] = location
         segment = self.segments[location.segment]
         segment.live += location.span
         segment.keys.add(key)
 
-    def _unpublish(self, key: bytes) -> Location | None:
+    def _unpublish(self, key: bytes) -> SegmentEntry | None:
         location = self.index.pop(key, None)
         if location is not None:
             segment = self.segments[location.segment]
@@ -211,19 +213,19 @@ class DiskLevel:
             self.referenced.discard(key)
         return location
 
-    def abandon(self, key: bytes, location: Location) -> None:
+    def abandon(self, key: bytes, location: SegmentEntry) -> None:
         """Give up a planned record (its write failed, or its block went away meanwhile)."""
         self.segments[location.segment].pending -= 1
         self._drops.append((location.segment, drop_record(key, location.offset)))
 
-    def forget(self, key: bytes) -> Location | None:
+    def forget(self, key: bytes) -> SegmentEntry | None:
         """Remove the key's disk copy (its record becomes dead space)."""
         location = self._unpublish(key)
         if location is not None:
             self._drops.append((location.segment, drop_record(key, location.offset)))
         return location
 
-    def relocated(self, key: bytes, old: Location, new: Location) -> bool:
+    def relocated(self, key: bytes, old: SegmentEntry, new: SegmentEntry) -> bool:
         """Publish a compaction copy if ``key`` still lives at ``old``; else abandon it.
 
         The key keeps its place in the eviction order: a copy is not a use.
@@ -290,7 +292,7 @@ class DiskLevel:
             self.active = None
         return best
 
-    def live_in(self, segment: int) -> list[tuple[bytes, Location]]:
+    def live_in(self, segment: int) -> list[tuple[bytes, SegmentEntry]]:
         """The live records of ``segment``."""
         return [(k, self.index[k]) for k in self.segments[segment].keys]
 
@@ -315,13 +317,13 @@ class DiskLevel:
 
     # --- I/O (no lock) ---
 
-    def write(self, records: Sequence[tuple[bytes, Location, Payload]]) -> None:
+    def write(self, records: Sequence[tuple[bytes, SegmentEntry, Payload]]) -> None:
         """Write planned records (payloads, then their index-log records).
 
         Raises:
             OSError: a write failed; the caller abandons every record.
         """
-        by_segment: dict[int, list[tuple[bytes, Location, Payload]]] = {}
+        by_segment: dict[int, list[tuple[bytes, SegmentEntry, Payload]]] = {}
         for record in records:
             by_segment.setdefault(record[1].segment, []).append(record)
         for segment, batch in by_segment.items():
@@ -329,7 +331,7 @@ class DiskLevel:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 direct = self.direct_io and enable_direct(fd)
-                run: list[tuple[bytes, Location, Payload]] = []
+                run: list[tuple[bytes, SegmentEntry, Payload]] = []
                 for record in sorted(batch, key=lambda r: r[1].offset):
                     if run and run[-1][1].offset + run[-1][1].span != record[1].offset:
                         direct = write_payloads(fd, run[0][1].offset, [r[2] for r in run], direct)
@@ -342,12 +344,12 @@ class DiskLevel:
             log_records = b"".join(put_record(k, loc) for k, loc, _ in batch)
             append(index_path(self.directory, segment), log_records)
 
-    def read(self, key: bytes, location: Location) -> npt.NDArray[Any] | None:
+    def read(self, key: bytes, location: SegmentEntry) -> npt.NDArray[Any] | None:
         """The payload's bytes, or None if they are gone or fail their checksum."""
         frame = self.read_frame(key, location)
         return None if frame is None else frame[: location.nbytes]
 
-    def read_frame(self, key: bytes, location: Location) -> npt.NDArray[Any] | None:
+    def read_frame(self, key: bytes, location: SegmentEntry) -> npt.NDArray[Any] | None:
         """The payload in an aligned frame (:func:`aligned_frame`), checked; else None."""
         frame = aligned_frame(location.nbytes)
         out = frame[: location.nbytes]

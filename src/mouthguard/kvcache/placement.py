@@ -49,7 +49,7 @@ from mouthguard.kvcache.blocks import BlockDesc, Payload
 from mouthguard.kvcache.disk import DiskLevel
 from mouthguard.kvcache.policy import EvictionPolicy
 from mouthguard.kvcache.remote import RemoteLevel
-from mouthguard.kvcache.segments import Location
+from mouthguard.kvcache.segments import SegmentEntry
 from mouthguard.kvcache.stats import TierStats
 
 TIERS = ("memory", "disk", "remote")
@@ -69,7 +69,7 @@ class Found:
     data: npt.NDArray[Any]
     desc: BlockDesc
     checksum: bytes
-    source: Location | None  # the disk location read, else None
+    source: SegmentEntry | None  # the disk location read, else None
     shared: bool
 
 
@@ -254,7 +254,7 @@ class Placement:
                 stats.read(elapsed, nbytes)
 
     def _read_lower(
-        self, tier: str, key: bytes, location: Location | None
+        self, tier: str, key: bytes, location: SegmentEntry | None
     ) -> tuple[Found | None, bool]:
         """The block from disk or remote, or (None, whether the copy is damaged)."""
         if tier == "disk":
@@ -273,7 +273,7 @@ class Placement:
             return None, False
         return Found("remote", got[0], got[1], got[2], None, False), False
 
-    def _drop_damaged(self, tier: str, key: bytes, location: Location | None) -> bool:
+    def _drop_damaged(self, tier: str, key: bytes, location: SegmentEntry | None) -> bool:
         """After a failed read of a block still in place: unindex it (under the lock)."""
         if tier == "disk":
             assert self.disk is not None

@@ -44,10 +44,10 @@ import numpy.typing as npt
 import xxhash
 
 from mouthguard.errors import FormatError
+from mouthguard.io.direct_read import read_direct
+from mouthguard.io.direct_write import ALIGN, BLOCK_BYTES, BOUNCE_BUFFERS, copy_into
 from mouthguard.kvcache.blocks import BlockDesc, Payload, padded, parse_desc
 from mouthguard.kvcache.keys import KEY_BYTES
-from mouthguard.tiers.direct_read import read_direct
-from mouthguard.tiers.direct_write import ALIGN, BLOCK_BYTES, BOUNCE_BUFFERS, copy_into
 
 IDX_MAGIC = b"MGKVIDX1"
 _HEADER = struct.Struct("<8sQQ")
@@ -82,7 +82,7 @@ def segment_ids(directory: Path) -> set[int]:
 
 
 @dataclass(frozen=True)
-class Location:
+class SegmentEntry:
     """Where a block's payload lives on disk, and how to check and rebuild it."""
 
     segment: int
@@ -107,7 +107,7 @@ def _frame(body: bytes) -> bytes:
     return _LEN.pack(len(body)) + body + _SUM.pack(xxhash.xxh3_64_intdigest(body))
 
 
-def put_record(key: bytes, location: Location) -> bytes:
+def put_record(key: bytes, location: SegmentEntry) -> bytes:
     """The index-log record announcing a payload."""
     body = _PUT.pack(PUT, key, location.offset, location.nbytes, location.checksum)
     return _frame(body + location.desc.encode())
@@ -118,7 +118,7 @@ def drop_record(key: bytes, offset: int) -> bytes:
     return _frame(_DROP.pack(DROP, key, offset))
 
 
-def read_log(path: Path, segment: int, data_size: int) -> tuple[dict[bytes, Location], int]:
+def read_log(path: Path, segment: int, data_size: int) -> tuple[dict[bytes, SegmentEntry], int]:
     """Live locations of a segment's index log and the length of its valid prefix.
 
     See the module docstring for the rule. A missing or foreign header yields
@@ -127,7 +127,7 @@ def read_log(path: Path, segment: int, data_size: int) -> tuple[dict[bytes, Loca
     raw = path.read_bytes()
     if len(raw) < _HEADER.size or raw[: _HEADER.size] != log_header(segment):
         return {}, 0
-    live: dict[bytes, Location] = {}
+    live: dict[bytes, SegmentEntry] = {}
     position = _HEADER.size
     while position + _LEN.size <= len(raw):
         (length,) = _LEN.unpack_from(raw, position)
@@ -145,14 +145,14 @@ def read_log(path: Path, segment: int, data_size: int) -> tuple[dict[bytes, Loca
     return live, position
 
 
-def _apply(body: bytes, segment: int, data_size: int, live: dict[bytes, Location]) -> None:
+def _apply(body: bytes, segment: int, data_size: int, live: dict[bytes, SegmentEntry]) -> None:
     if not body:
         raise FormatError("empty index record")
     if body[0] == PUT and len(body) > _PUT.size:
         _, key, offset, nbytes, checksum = _PUT.unpack_from(body)
         desc = parse_desc(body[_PUT.size :], nbytes)
         if offset % ALIGN == 0 and offset + padded(nbytes) <= data_size:
-            live[key] = Location(segment, offset, nbytes, checksum, desc)
+            live[key] = SegmentEntry(segment, offset, nbytes, checksum, desc)
         # else: the payload's tail never reached the data file: discarded
     elif body[0] == DROP and len(body) == _DROP.size:
         _, key, offset = _DROP.unpack(body)

@@ -33,7 +33,7 @@ from mouthguard.kvcache.blocks import Payload, padded
 from mouthguard.kvcache.disk import DiskLevel
 from mouthguard.kvcache.placement import Placement
 from mouthguard.kvcache.remote import RemoteLevel, object_size
-from mouthguard.kvcache.segments import Location
+from mouthguard.kvcache.segments import SegmentEntry
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class WriteDown:
         batch.reverse()  # pop() from the end, in queue order
         if disk is None:
             to_remote, batch = batch, []
-        records: list[tuple[bytes, Location, Payload]] = []
+        records: list[tuple[bytes, SegmentEntry, Payload]] = []
         while disk is not None and batch:
             key, payload = batch.pop()
             with p.lock:
@@ -116,7 +116,7 @@ class WriteDown:
         return placed
 
     def _write_records(
-        self, disk: DiskLevel, records: list[tuple[bytes, Location, Payload]]
+        self, disk: DiskLevel, records: list[tuple[bytes, SegmentEntry, Payload]]
     ) -> int:
         """Write planned records, publish them, and empty ``records``."""
         if not records:
@@ -156,7 +156,7 @@ class WriteDown:
 
     # --- making room on disk ---
 
-    def _plan_on_disk(self, disk: DiskLevel, payload: Payload) -> Location | None:
+    def _plan_on_disk(self, disk: DiskLevel, payload: Payload) -> SegmentEntry | None:
         """Make room (unlink a dead segment, evict the oldest) and plan a record.
 
         None when the block cannot go to disk (bigger than a segment's room, or
@@ -167,7 +167,7 @@ class WriteDown:
         if span > disk.append_limit:
             return None
         while True:
-            live: list[tuple[bytes, Location]] = []
+            live: list[tuple[bytes, SegmentEntry]] = []
             with p.lock:
                 before = disk.file_bytes
                 if disk.file_bytes + span <= disk.append_limit:
@@ -189,7 +189,7 @@ class WriteDown:
                     return None
 
     def evict_segment(
-        self, disk: DiskLevel, segment: int, live: list[tuple[bytes, Location]]
+        self, disk: DiskLevel, segment: int, live: list[tuple[bytes, SegmentEntry]]
     ) -> None:
         """Evict ``segment``: relocate its second-chance blocks, demote the rest, unlink it.
 
@@ -214,7 +214,7 @@ class WriteDown:
         with self.p.lock:
             disk.detach(segment)
 
-    def _evict_from_disk(self, disk: DiskLevel, key: bytes, location: Location) -> None:
+    def _evict_from_disk(self, disk: DiskLevel, key: bytes, location: SegmentEntry) -> None:
         """Demote a disk victim to the remote tier (or drop it), then forget the disk copy."""
         p = self.p
         try:
@@ -236,12 +236,12 @@ class WriteDown:
                     disk.forget(key)
                 p.stats["disk"].evictions += 1
 
-    def compact_segment(self, segment: int, live: list[tuple[bytes, Location]]) -> None:
+    def compact_segment(self, segment: int, live: list[tuple[bytes, SegmentEntry]]) -> None:
         """Relocate ``segment``'s live records into the active segment, then unlink it."""
         p = self.p
         disk = p.disk
         assert disk is not None
-        copies: list[tuple[bytes, Location, Location, Payload]] = []
+        copies: list[tuple[bytes, SegmentEntry, SegmentEntry, Payload]] = []
         for key, old in live:
             frame = disk.read_frame(key, old)
             with p.lock:

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 from typing_extensions import override
 
+from mouthguard.clock import SYSTEM_CLOCK, Clock
 from mouthguard.errors import DurabilityError, TierError
 from mouthguard.tiers.base import (
     OPERATIONS,
@@ -62,7 +63,6 @@ from mouthguard.tiers.base import (
     Tier,
     iter_buffers,
 )
-from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 from mouthguard.tiers.wrapper import WrappedTier
 
 #: Fault kinds with a rate, in the order the spec string lists them.

@@ -40,14 +40,14 @@ from mouthguard.errors import (
     ObjectNotFoundError,
     TierError,
 )
+from mouthguard.io.direct_read import DIRECT_READ_MIN_BYTES, read_direct
+from mouthguard.io.direct_write import drop_cached
 from mouthguard.tiers.base import (
     ObjectInfo,
     PutData,
     PutMode,
     TierCapabilities,
 )
-from mouthguard.tiers.direct_read import DIRECT_READ_MIN_BYTES, read_direct
-from mouthguard.tiers.direct_write import drop_cached
 from mouthguard.tiers.local_files import MISSING_ERRNOS, LinkedPathError, LocalFiles, file_stamp
 from mouthguard.tiers.object_keys import (
     validate_dir_prefix,
@@ -75,7 +75,7 @@ class LocalTier(LocalFiles):
         durable: ``fsync`` files and directories so that a completed ``put``
             survives a power loss. Turn off only for scratch tiers and tests.
         direct_io: write large objects with O_DIRECT where the filesystem allows
-            (:mod:`~mouthguard.tiers.direct_write`); off, they go through the page
+            (:mod:`~mouthguard.io.direct_write`); off, they go through the page
             cache, whose written pages are dropped after the ``fsync``.
 
     Attributes:
@@ -235,7 +235,7 @@ class LocalTier(LocalFiles):
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Fill ``out`` with the object's bytes from ``offset``.
 
-        Large ranges are read with O_DIRECT where allowed (:mod:`.direct_read`:
+        Large ranges are read with O_DIRECT where allowed (:mod:`~mouthguard.io.direct_read`:
         no page-cache pollution, one copy); others with ``preadv`` straight into
         ``out``.
 

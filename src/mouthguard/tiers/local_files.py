@@ -5,7 +5,7 @@ below its operations -- resolving a key to a path without following links,
 creating directories durably one level at a time, syncing files and
 directories (never retrying a failed ``fsync``), opening temporary files and
 objects, writing a buffer or a stream (through
-:mod:`~mouthguard.tiers.direct_write` when large), pruning emptied directories --
+:mod:`~mouthguard.io.direct_write` when large), pruning emptied directories --
 so that ``local.py`` reads as the tier's operations and their crash-safety rules.
 """
 
@@ -24,8 +24,8 @@ from mouthguard.errors import (
     ObjectNotFoundError,
     TierError,
 )
+from mouthguard.io.direct_write import DIRECT_MIN_BYTES, WriteError, write_stream
 from mouthguard.tiers.base import PutData, StableChunks, Tier, iter_buffers
-from mouthguard.tiers.direct_write import DIRECT_MIN_BYTES, WriteError, write_stream
 from mouthguard.tiers.object_keys import validate_key
 from mouthguard.tiers.posix import TMP_PREFIX, describe_oserror
 

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 from typing_extensions import override
 
+from mouthguard.clock import SYSTEM_CLOCK, Clock
 from mouthguard.tiers.base import ObjectInfo, PutData, PutMode, Tier, iter_buffers
-from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
 from mouthguard.tiers.wrapper import WrappedTier
 
 #: Largest piece handed to the inner tier at once; keeps the pacing smooth, so a

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mouthguard.checkpoint.host_ring import SLOT_BYTES, HostRing
 from mouthguard.errors import ChecksumMismatchError, WeightsError
 from mouthguard.format.dtypes import torch_dtype
+from mouthguard.io.host_ring import SLOT_BYTES, HostRing
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.local import LocalTier
-from mouthguard.weights.cache import localize
 from mouthguard.weights.gds import gds_status, read_ranges_gds
+from mouthguard.weights.node_cache import localize
 from mouthguard.weights.pipeline import READS_AHEAD, needs_ring, read_file
 from mouthguard.weights.plan import FilePlan, plan_file
 from mouthguard.weights.sharding import TensorParallel

@@ -1,14 +1,14 @@
 """Executing a file's reads: parallel ranged reads, the checksum inline, copies to the device.
 
 One file's :class:`~mouthguard.weights.plan.Read` s are issued through
-:func:`~mouthguard.checkpoint.host_ring.read_landings` (several in flight on the
-weights' own reader pool, handed back in file order), so the checksum sees the
-bytes in order as they land and verification costs no second pass. Where each
-read lands:
+:func:`~mouthguard.io.host_ring.read_landings` (several in flight on the
+process's one I/O pool, :mod:`~mouthguard.io.pool`, handed back in file order), so
+the checksum sees the bytes in order as they land and verification costs no
+second pass. Where each read lands:
 
 * straight in the returned tensor, when the tensor is in host memory and the
   read is all one tensor's bytes (no copy at all);
-* otherwise in a slot of a :class:`~mouthguard.checkpoint.host_ring.HostRing`
+* otherwise in a slot of a :class:`~mouthguard.io.host_ring.HostRing`
   (pinned for CUDA), from which each part is copied to its tensor -- for CUDA
   asynchronously, while the next reads fill the next slots.
 
@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mouthguard.checkpoint.host_ring import HostRing, Landing, read_landings
 from mouthguard.errors import ChecksumMismatchError
 from mouthguard.format.checksum import StreamHasher
 from mouthguard.format.rank_file import byte_view
+from mouthguard.io.host_ring import HostRing, Landing, read_landings
 from mouthguard.tiers.base import Tier
-from mouthguard.tiers.io_pool import IOPool
 from mouthguard.weights.plan import FilePlan, Read
 
 if TYPE_CHECKING:
@@ -38,12 +37,6 @@ if TYPE_CHECKING:
 
 #: Reads in flight per file (a ring then has this many slots plus one).
 READS_AHEAD = 4
-#: Threads issuing the weights' reads, shared by every load in the process. More
-#: than the checkpoint readers': a cold start has the disk to itself, and virtual
-#: and network disks reach their speed only with many requests queued.
-READER_THREADS = 8
-
-_READERS = IOPool(READER_THREADS, "mouthguard-weights-read")
 
 
 def read_file(
@@ -68,9 +61,7 @@ def read_file(
         hasher.update(plan.header)
     total = 0
     landings = (_landing(read, outputs) for read in reads)
-    for view in read_landings(
-        tier, plan.file.key, landings, ring, ahead=READS_AHEAD, pool=_READERS
-    ):
+    for view in read_landings(tier, plan.file.key, landings, ring, ahead=READS_AHEAD):
         if hasher is not None:
             hasher.update(view)
         total += view.nbytes

@@ -7,7 +7,7 @@ its byte ranges in the file, whose concatenation is the bytes of what is
 returned (the whole tensor, or this rank's tensor-parallel slice).
 
 The ranges are then cut into :class:`Read` s of at most one ring slot each, in
-file order. A read covers a contiguous span; the :class:`Part` s of it that some
+file order. A read covers a contiguous span; the :class:`ReadPart` s of it that some
 tensor wants say where its bytes go. When the file is verified the spans cover
 its whole data region (a checksum is over every byte, so every byte is read,
 also those no tensor wants); otherwise only the wanted ranges are read, with
@@ -58,7 +58,7 @@ class Wanted:
 
 
 @dataclass(frozen=True)
-class Part:
+class ReadPart:
     """Bytes ``[start, start + length)`` of a read go to ``wanted`` at ``dest_offset``."""
 
     start: int
@@ -73,7 +73,7 @@ class Read:
 
     offset: int
     length: int
-    parts: list[Part] = field(default_factory=list)
+    parts: list[ReadPart] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,9 @@ def _cut(
         while index < len(reads) and reads[index].offset < seg_end:
             read = reads[index]
             low, high = max(seg_offset, read.offset), min(seg_end, read.offset + read.length)
-            read.parts.append(Part(low - read.offset, high - low, wanted, dest + low - seg_offset))
+            read.parts.append(
+                ReadPart(low - read.offset, high - low, wanted, dest + low - seg_offset)
+            )
             index += 1
     return reads
 

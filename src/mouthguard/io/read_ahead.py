@@ -1,8 +1,8 @@
 """Parallel reads, consumed in file order.
 
-:func:`read_in_order` keeps :data:`READ_AHEAD` ranged reads in flight on a
-small shared thread pool (``preadv`` and object-store range GETs release the
-GIL), and hands the filled buffers back strictly in the order they were asked
+:func:`read_in_order` keeps :data:`READ_AHEAD` ranged reads in flight on the
+process's one I/O pool (:mod:`~mouthguard.io.pool`; ``preadv`` and object-store
+range GETs release the GIL), and hands the filled buffers back strictly in the order they were asked
 for. The disk or object store sees a queue of requests, while the caller feeds
 a streaming checksum with bytes in file order -- so verification stays inline
 and still costs no second pass.
@@ -19,15 +19,11 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, wait
 
+from mouthguard.io.pool import SHARED
 from mouthguard.tiers.base import Tier
-from mouthguard.tiers.io_pool import IOPool
 
 #: Reads in flight per file.
 READ_AHEAD = 8
-#: Threads issuing reads, shared by every load in this process.
-READER_THREADS = 4
-
-_READERS = IOPool(READER_THREADS, "mouthguard-read")
 
 
 def read_in_order(
@@ -36,20 +32,18 @@ def read_in_order(
     jobs: Iterable[tuple[int, memoryview]],
     *,
     ahead: int = READ_AHEAD,
-    pool: IOPool | None = None,
 ) -> Iterator[memoryview]:
     """Fill each ``(offset, view)`` from object ``key``; yield the views in job order.
 
     A buffer may be reused by a later job only after it has been yielded and
     the caller has asked for the next one (at most ``ahead + 1`` buffers are
-    live). A failed read raises its tier error when its turn comes. ``pool``:
-    the threads that read (default: the shared checkpoint readers).
+    live). A failed read raises its tier error when its turn comes. The reads
+    run on the process's one I/O pool (:data:`~mouthguard.io.pool.SHARED`).
     """
-    readers = _READERS if pool is None else pool
     pending: deque[tuple[Future[None], memoryview]] = deque()
     try:
         for offset, view in jobs:
-            pending.append((readers.submit(tier.read_into, key, offset, view), view))
+            pending.append((SHARED.submit(tier.read_into, key, offset, view), view))
             if len(pending) >= ahead:
                 future, filled = pending.popleft()
                 future.result()

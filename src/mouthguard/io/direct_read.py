@@ -6,7 +6,7 @@ user memory, and gigabytes of cache evicting the training data; with O_DIRECT
 the device writes straight into an aligned bounce buffer and only the copy into
 the destination remains (destinations -- tensor memory at arbitrary offsets --
 are rarely aligned themselves). Several such reads run in parallel from
-:mod:`~mouthguard.checkpoint.read_ahead`.
+:mod:`~mouthguard.io.read_ahead`.
 
 Contract of :func:`read_direct`: fill ``out`` with the bytes at ``offset``, or
 return False before copying anything when the filesystem refuses O_DIRECT, so
@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 import os
 
-from mouthguard.tiers.direct_write import (
+from mouthguard.io.direct_write import (
     ALIGN,
     BLOCK_BYTES,
     BOUNCE_BUFFERS,

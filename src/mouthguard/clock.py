@@ -9,8 +9,8 @@ instead of calling :mod:`time` itself. Production code gets
 ``Condition.wait``; tests pass a fake clock, so they neither sleep for real nor
 depend on how busy the machine is.
 
-It lives in ``tiers``, the lowest layer that does I/O, so that tiers and the
-jobs above them can both take one.
+It sits below every layer (it imports nothing of mouthguard), so the write
+pipeline under the tiers, the tiers and the jobs above them can all take one.
 """
 
 from __future__ import annotations

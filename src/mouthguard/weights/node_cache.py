@@ -36,9 +36,9 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mouthguard.checkpoint.read_ahead import read_in_order
 from mouthguard.errors import ChecksumMismatchError, ObjectNotFoundError, TierError
 from mouthguard.format.checksum import StreamHasher
+from mouthguard.io.read_ahead import read_in_order
 from mouthguard.tiers.base import ObjectInfo
 from mouthguard.tiers.local import LocalTier
 from mouthguard.weights.source import WeightFile, WeightSource

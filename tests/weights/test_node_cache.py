@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mouthguard import weights
 from mouthguard.tiers.memory import MemoryTier
-from mouthguard.weights.cache import source_id
+from mouthguard.weights.node_cache import source_id
 from mouthguard.weights.source import open_source
 from tests.weights.helpers import assert_equal, model_state, write_single
 

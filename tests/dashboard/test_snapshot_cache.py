@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import mouthguard
-from mouthguard.dashboard import cache as cache_module
-from mouthguard.dashboard.cache import SnapshotCache
+from mouthguard.dashboard import snapshot_cache as cache_module
+from mouthguard.dashboard.snapshot_cache import SnapshotCache
 from mouthguard.errors import TierError
 
 

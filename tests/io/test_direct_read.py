@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from mouthguard.errors import TierError
-from mouthguard.tiers.direct_read import DIRECT_READ_MIN_BYTES, read_direct
-from mouthguard.tiers.direct_write import ALIGN, BLOCK_BYTES
+from mouthguard.io.direct_read import DIRECT_READ_MIN_BYTES, read_direct
+from mouthguard.io.direct_write import ALIGN, BLOCK_BYTES
 from mouthguard.tiers.local import LocalTier
 
 SIZE = BLOCK_BYTES + 9 * ALIGN + 123  # more than one bounce buffer, unaligned end

@@ -28,10 +28,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mouthguard.checkpoint.read_ahead import READ_AHEAD, read_in_order
 from mouthguard.format.rank_file import byte_view
+from mouthguard.io.read_ahead import READ_AHEAD, read_in_order
 from mouthguard.tiers.base import Tier
-from mouthguard.tiers.io_pool import IOPool
 
 # torch is imported where tensors are made (see checkpoint/staging.py).
 if TYPE_CHECKING:
@@ -105,17 +104,13 @@ class HostRing:
     def from_device(self, index: int, source: torch.Tensor) -> int:
         """Queue the copy of ``source`` (flat uint8) into slot ``index``; return its bytes.
 
-        The bytes are in the slot once :meth:`wait` returns for the same index.
+        The bytes are in the slot once :meth:`acquire` returns for the same index.
         """
         slot = index % len(self._buffers)
         nbytes = source.numel()
         self._buffers[slot][:nbytes].copy_(source, non_blocking=self.pinned)
         self._record(slot)
         return int(nbytes)
-
-    def wait(self, index: int) -> torch.Tensor:
-        """Slot ``index`` with its last copy finished (alias of :meth:`acquire`)."""
-        return self.acquire(index)
 
     def drain(self) -> None:
         """Wait for every copy in flight."""
@@ -167,7 +162,7 @@ def stream_from_device(sources: Iterable[torch.Tensor], ring: HostRing) -> Itera
 
 
 def _filled(ring: HostRing, index: int, nbytes: int) -> memoryview:
-    return byte_view(ring.wait(index)[:nbytes])
+    return byte_view(ring.acquire(index)[:nbytes])
 
 
 @dataclass(frozen=True)
@@ -197,7 +192,6 @@ def read_landings(
     ring: HostRing | None,
     *,
     ahead: int = READ_AHEAD,
-    pool: IOPool | None = None,
 ) -> Iterator[memoryview]:
     """Do every read of ``landings`` (``ahead`` in flight); yield each one's bytes in order.
 
@@ -230,7 +224,7 @@ def read_landings(
             slot += 1
             yield landing.offset, byte_view(buffer[: landing.length])
 
-    for view in read_in_order(tier, key, jobs(), ahead=ahead, pool=pool):
+    for view in read_in_order(tier, key, jobs(), ahead=ahead):
         landing, slot = queue.popleft()
         if slot >= 0 and ring is not None:
             for start, length, dest in landing.parts:

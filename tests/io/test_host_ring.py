@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mouthguard.checkpoint.host_ring import HostRing, device_bytes, stream_from_device
+from mouthguard.io.host_ring import HostRing, device_bytes, stream_from_device
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -18,10 +18,10 @@ every large ``put``:
   The last partial block is padded with zeros, written, and the file is truncated
   back to its exact size.
 * **Pipelined and parallel.** Up to :data:`IN_FLIGHT` blocks are being written by
-  :data:`WRITER_THREADS` threads (``pwrite`` releases the GIL) while the caller
-  fills the next block, so the producer's work (checksums, copies) overlaps the
-  disk's. Bounce copies use ``memmove`` through ctypes, which also releases the
-  GIL.
+  the process's one I/O pool (:mod:`~mouthguard.io.pool`; ``pwrite`` releases the
+  GIL) while the caller fills the next block, so the producer's work (checksums,
+  copies) overlaps the disk's. Bounce copies use ``memmove`` through ctypes, which
+  also releases the GIL.
 
 Contract: on return every byte was handed to the kernel in order-independent
 ``pwrite`` calls at its final offset and the file has exactly the returned size.
@@ -44,8 +44,8 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from mouthguard.tiers.clock import SYSTEM_CLOCK, Clock
-from mouthguard.tiers.io_pool import IOPool
+from mouthguard.clock import SYSTEM_CLOCK, Clock
+from mouthguard.io.pool import SHARED
 
 #: Alignment of O_DIRECT buffers, offsets and lengths (covers 512 B and 4 KiB sectors).
 ALIGN = 4096
@@ -53,15 +53,11 @@ ALIGN = 4096
 BLOCK_BYTES = 32 * 1024 * 1024
 #: Blocks being written at once per file (bounds memory: IN_FLIGHT x BLOCK_BYTES).
 IN_FLIGHT = 4
-#: Threads issuing writes, shared by every file written in this process.
-WRITER_THREADS = 4
 #: A partly filled block older than this is written as far as it is aligned, so a
 #: slow producer's bytes reach the disk steadily instead of a block at a time.
 FLUSH_AFTER_SECONDS = 0.1
 #: Streams smaller than this are not worth the pipeline (manifests, sidecars).
 DIRECT_MIN_BYTES = 1024 * 1024
-
-_WRITERS = IOPool(WRITER_THREADS, "mouthguard-io")
 
 
 class _BufferPool:
@@ -172,7 +168,7 @@ class _Pipeline:
     def submit(self, offset: int, view: memoryview, bounce: mmap.mmap | None) -> None:
         while len(self._pending) >= IN_FLIGHT:
             self._retire_oldest()
-        self._pending.append((_WRITERS.submit(self.write, offset, view), bounce))
+        self._pending.append((SHARED.submit(self.write, offset, view), bounce))
 
     def _retire_oldest(self) -> None:
         future, bounce = self._pending.popleft()

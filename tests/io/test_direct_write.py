@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from mouthguard.errors import TierError
-from mouthguard.tiers import direct_write
-from mouthguard.tiers.base import PutMode, StableChunks
-from mouthguard.tiers.direct_write import (
+from mouthguard.io import direct_write
+from mouthguard.io.direct_write import (
     ALIGN,
     BLOCK_BYTES,
     WriteError,
@@ -22,6 +21,7 @@ from mouthguard.tiers.direct_write import (
     enable_direct,
     write_stream,
 )
+from mouthguard.tiers.base import PutMode, StableChunks
 from mouthguard.tiers.local import LocalTier
 from tests.fake_clock import FakeClock
 
