@@ -205,6 +205,40 @@ def test_a_shuffled_block_yields_its_first_sample_after_a_few_ranges(tmp_path: P
     assert len(list(it)) == n - 1
 
 
+def test_the_first_batch_of_a_buffered_shuffle_needs_only_the_first_ranges(
+    tmp_path: Path,
+) -> None:
+    """With the shuffle buffer (the default), a block's first batch draws from the
+    front of each of its shards: counted, the range reads before the batch is out
+    are the first one or two ranges of each shard, where the uniform block
+    permutation (``shuffle_buffer=0``) reads most of the window's ranges first."""
+    n = 2000  # about 3 MB: shards of 1 MiB, 16 ranges each, about 42 samples a range
+    write_dataset(tmp_path, n=n, shard_size=1024 * 1024, range_size=RANGE)
+    slow = FaultPlan(delay=1.0, delay_seconds=0.05, ops=frozenset({"get"}), keys=".tar")
+    reads: dict[int, int] = {}
+    for buffer in (64, 0):
+        counting = CountingTier(_tier(tmp_path / "ds", slow))
+        stream = StreamingDataset(
+            counting,
+            prefix="ds",
+            cache_dir=tmp_path / f"cache-{buffer}",
+            shuffle=True,
+            shuffle_window=3,
+            shuffle_buffer=buffer,
+            prefetch=0,
+            range_parallel=1,  # one 50 ms read at a time: the reads the batch waited for
+        )
+        it = iter(stream)
+        for _ in range(32):
+            next(it)
+        reads[buffer] = sum(counting.gets.values())
+        assert len(list(it)) == n - 32
+    # 32 positions use at most 64 + 31 + 31 arrivals, about 42 per shard: ranges 0-1
+    # of each of 3 shards, plus the one read in flight when the batch was out.
+    assert reads[64] <= 3 * 2 + 1
+    assert reads[0] >= 15  # 32 uniform draws over 48 ranges touch about 24
+
+
 def test_another_reader_follows_a_stream_in_progress_and_falls_back_when_it_stops(
     tmp_path: Path,
 ) -> None:

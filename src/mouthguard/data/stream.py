@@ -76,6 +76,8 @@ from mouthguard.format.signing import KeySpec
 from mouthguard.tiers.local import LocalTier
 
 Sample = dict[str, Any]
+#: Samples a block's shuffle draws from once its buffer is full (see ``shuffle_buffer``).
+DEFAULT_SHUFFLE_BUFFER = 4096
 #: Items of a plan read at once: a Parquet reader converts rows to Python in batches.
 _READ_BATCH = 1024
 
@@ -119,7 +121,13 @@ class StreamingDataset(IterableDataset[Any]):
         shuffle: permute shards and, within blocks of ``shuffle_window`` shards, samples.
         seed: the order's seed (with the epoch, it determines the whole order).
         batch_size: the DataLoader's batch size: workers take whole batches in turn.
-        shuffle_window: shards whose samples are permuted together (all open at once).
+        shuffle_window: shards whose samples are shuffled together (all open at once).
+        shuffle_buffer: samples the block's shuffle draws each position from, once
+            full (:mod:`~mouthguard.data.order`): a buffer shuffle over the block's
+            shards read side by side, so the first batch needs only their first
+            ranges. 0: a uniform permutation of the whole block (the order of
+            version 1 positions, which only a loader with 0 resumes). The default,
+            4096, holds a whole 4-shard window of 100 KB samples in 64 MiB shards.
         cache_dir: a local directory for verified shards, shared by the processes
             that name it; None: a local dataset is read in place, an S3 one cached
             in the user's shard cache (see the module docstring).
@@ -158,6 +166,7 @@ class StreamingDataset(IterableDataset[Any]):
         seed: int = 0,
         batch_size: int = 1,
         shuffle_window: int = 4,
+        shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
         verify_cache: Verify = "stat",
@@ -171,8 +180,10 @@ class StreamingDataset(IterableDataset[Any]):
         range_parallel: int = 8,
     ) -> None:
         super().__init__()
-        if batch_size < 1 or shuffle_window < 1 or prefetch < 0 or seed < 0:
-            raise ValueError("batch_size and shuffle_window must be >= 1; prefetch, seed >= 0")
+        if batch_size < 1 or shuffle_window < 1 or min(prefetch, seed, shuffle_buffer) < 0:
+            raise ValueError(
+                "batch_size and shuffle_window must be >= 1; prefetch, seed, shuffle_buffer >= 0"
+            )
         keys = resolve_keys(signing_key)
         self.dataset: Dataset = open_at(locate(source, prefix), keys)
         if self.dataset.manifest.kind == PARQUET:
@@ -192,6 +203,7 @@ class StreamingDataset(IterableDataset[Any]):
             seed=seed,
             shuffle=shuffle,
             shuffle_window=shuffle_window,
+            shuffle_buffer=shuffle_buffer,
             rank=self.rank,
             world_size=self.world_size,
         )
@@ -273,7 +285,7 @@ class StreamingDataset(IterableDataset[Any]):
         """The global order of ``epoch`` (over shards, or Parquet row groups)."""
         p = self._position
         counts = self.dataset.manifest.counts
-        return EpochOrder(counts, p.seed, epoch, p.shuffle, p.shuffle_window)
+        return EpochOrder(counts, p.seed, epoch, p.shuffle, p.shuffle_window, p.shuffle_buffer)
 
     def attach_start(self, shared: Any) -> None:
         """Read each worker iteration's start from ``shared`` (epoch, consumed); None: don't.
