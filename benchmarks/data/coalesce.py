@@ -31,7 +31,7 @@ BATCH = 32
 
 
 def epoch(
-    url: str, cache: Path, parallel: int, coalesce: int, buffer: int, workers: int
+    url: str, cache: Path, parallel: int, coalesce: int, buffer: int, workers: int, node: int
 ) -> tuple[float, float]:
     """Seconds to the first batch and to the end of one cold shuffled epoch."""
     shutil.rmtree(cache, ignore_errors=True)
@@ -43,6 +43,7 @@ def epoch(
         range_parallel=parallel,
         range_coalesce=coalesce,
         shuffle_buffer=buffer,
+        node_requests=node or None,
     )
     if workers:
         loader = StreamingDataLoader(dataset, num_workers=workers, collate_fn=len)
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (0: none)")
+    parser.add_argument("--node", default="0", help="node_requests values (0: no node bound)")
     args = parser.parse_args()
     size = args.sample_kb * 1024
     count = samples.sample_count(args.size_mib * 1024 * 1024, size)
@@ -92,16 +94,17 @@ def main() -> None:
                     f"{os.cpu_count()} CPUs, "
                     f"load {os.getloadavg()[0]:.1f}"
                 )
-                print("buffer coalesce parallel first_batch_s samples/s GETs load")
+                print("buffer coalesce parallel node first_batch_s samples/s GETs load")
                 settings = list(
                     itertools.product(
                         [int(b) for b in args.buffer.split(",")],
                         [int(c) for c in args.coalesce.split(",")],
                         [int(p) for p in args.parallel.split(",")],
+                        [int(n) for n in args.node.split(",")],
                     )
                 )
                 for _ in range(args.repeats):
-                    for buffer, coalesce, parallel in settings:
+                    for buffer, coalesce, parallel, node in settings:
                         offset = log_size(Path(server.site.log))
                         first, total = epoch(
                             f"{prefix}/bench",
@@ -110,10 +113,11 @@ def main() -> None:
                             coalesce,
                             buffer,
                             args.workers,
+                            node,
                         )
                         gets = requests_since(Path(server.site.log), offset)["GET"]
                         print(
-                            f"{buffer:6d} {coalesce:8d} {parallel:8d} {first:13.3f} "
+                            f"{buffer:6d} {coalesce:8d} {parallel:8d} {node:4d} {first:13.3f} "
                             f"{count / total:9.0f} {gets:4d} {os.getloadavg()[0]:4.1f}",
                             flush=True,
                         )
