@@ -157,7 +157,8 @@ class StreamingDataset(IterableDataset[Any]):
             alone): fewer, larger requests. Memory held by range reads is at most
             ``range_parallel * range_coalesce`` ranges per process. The default,
             2, measured 29% fewer GETs than 1 and no lower throughput at 20 ms
-            per request; 4 cost throughput and first batch
+            per request in one process (with 4 workers this machine could not
+            tell them apart); 4 cost throughput and first batch
             (``python -m benchmarks.data.coalesce``, docs/benchmarks-data.md).
         node_requests: range requests in flight across every process using
             ``cache_dir`` (all DataLoader workers and ranks of a node that share
