@@ -160,6 +160,33 @@ def test_resume_in_process_is_exact(ds: Path, cut: int) -> None:
     assert head + tail == whole
 
 
+def test_a_version_1_position_resumes_in_its_order_with_a_buffer_of_0(ds: Path) -> None:
+    """A position saved before the shuffle buffer named the uniform block permutation:
+    read as ``shuffle_buffer=0``, it resumes exactly there, and is refused elsewhere."""
+    old_order = StreamingDataset(ds, shuffle=True, seed=9, shuffle_window=2, shuffle_buffer=0)
+    whole = keys(old_order)
+    first = StreamingDataset(ds, shuffle=True, seed=9, shuffle_window=2, shuffle_buffer=0)
+    head = _run(first, 17)
+    state = first.state_dict()
+    assert state.pop("shuffle_buffer") == 0
+    state["version"] = 1  # what a loader before the buffer wrote
+    with pytest.raises(DataStateError, match="shuffle_buffer=0"):
+        StreamingDataset(ds, shuffle=True, shuffle_window=2).load_state_dict(state)
+    resumed = StreamingDataset(ds, shuffle=True, shuffle_window=2, shuffle_buffer=0)
+    resumed.load_state_dict(state)
+    assert head + keys(resumed) == whole
+    with pytest.raises(DataStateError, match="exactly the keys"):  # no buffer in version 1
+        resumed.load_state_dict({**state, "shuffle_buffer": 5})
+
+
+def test_the_buffered_order_differs_from_the_uniform_one(ds: Path) -> None:
+    buffered = keys(StreamingDataset(ds, shuffle=True, seed=9, shuffle_window=2))
+    uniform = keys(StreamingDataset(ds, shuffle=True, seed=9, shuffle_window=2, shuffle_buffer=0))
+    assert buffered != uniform and sorted(buffered) == sorted(uniform)
+    with pytest.raises(ValueError, match="shuffle_buffer"):
+        StreamingDataset(ds, shuffle_buffer=-1)
+
+
 def test_set_epoch_keeps_a_resumed_position(ds: Path) -> None:
     dataset = StreamingDataset(ds)
     _run(dataset, 10)
@@ -200,6 +227,8 @@ def test_the_same_content_elsewhere_resumes(tmp_path: Path) -> None:
     ("change", "why"),
     [
         ({"shuffle": True}, "shuffle"),
+        ({"shuffle_buffer": 7}, "shuffle_buffer"),
+        ({"version": 3}, "not a"),
         ({"world_size": 2}, "world_size"),
         ({"consumed": N + 1}, "past the end"),
         ({"epoch": -1}, "epoch"),

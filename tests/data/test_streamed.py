@@ -81,13 +81,22 @@ def test_a_streamed_dataset_reads_back_exactly(ds: Path, tmp_path: Path) -> None
         assert sorted(s["__key__"] for s in dataset) == sorted(got)
 
 
-def test_a_damaged_range_is_refused_before_any_of_its_samples(ds: Path, tmp_path: Path) -> None:
-    """Sequential order: exactly the samples that end before range 2 come out, then the error."""
+@pytest.mark.parametrize("coalesce", [1, 4])
+def test_a_damaged_range_is_refused_before_any_of_its_samples(
+    ds: Path, tmp_path: Path, coalesce: int
+) -> None:
+    """Sequential order: exactly the samples that end before range 2 come out, then the error.
+
+    Also when one read covers ranges 0-3 (``coalesce=4``): each range is verified on
+    its own, so ranges 0 and 1 of that read are served and range 2 is refused.
+    """
     dataset = open_dataset(ds)
     index = dataset.read_index(dataset.manifest.shards[0])
     flip_byte(shard_path(ds, 0), _payload_offset_in(ds, 0, 2))
     before = [e.key for e in index.samples if e.offset + e.length <= 2 * RANGE]
-    stream = StreamingDataset(_tier(ds), prefix="ds", cache_dir=tmp_path / "cache")
+    stream = StreamingDataset(
+        _tier(ds), prefix="ds", cache_dir=tmp_path / "cache", range_coalesce=coalesce
+    )
     yielded: list[str] = []
 
     def drain() -> None:
@@ -101,11 +110,25 @@ def test_a_damaged_range_is_refused_before_any_of_its_samples(ds: Path, tmp_path
 
 
 def test_a_bit_flipped_on_the_wire_is_refused(ds: Path, tmp_path: Path) -> None:
-    """Every shard read comes back with one bit flipped: no sample is ever yielded."""
+    """Every shard read comes back with one bit flipped: with one range per read, no
+    sample is ever yielded; with two (coalesced), one range of each read is damaged and
+    refused, the other verified on its own -- what is yielded is exact, then the error."""
     plan = FaultPlan(flip=1.0, ops=frozenset({"get"}), keys=".tar")
-    stream = StreamingDataset(_tier(ds, plan), prefix="ds", cache_dir=tmp_path / "cache")
+    stream = StreamingDataset(
+        _tier(ds, plan), prefix="ds", cache_dir=tmp_path / "cache", range_coalesce=1
+    )
     with pytest.raises(ShardDamagedError, match="sha256 does not match the manifest"):
         next(iter(stream))
+    coalesced = StreamingDataset(
+        _tier(ds, plan), prefix="ds", cache_dir=tmp_path / "cache2", range_coalesce=2
+    )
+    yielded: list[dict[str, bytes]] = []
+    with pytest.raises(ShardDamagedError, match="sha256 does not match the manifest"):
+        yielded.extend(coalesced)
+    want = expected(N)
+    assert len(yielded) < N
+    for got in yielded:
+        assert {k: v for k, v in got.items() if k != "__key__"} == want[str(got["__key__"])]
 
 
 def test_a_dataset_packed_before_range_tables_is_verified_whole(ds: Path, tmp_path: Path) -> None:
@@ -119,19 +142,24 @@ def test_a_dataset_packed_before_range_tables_is_verified_whole(ds: Path, tmp_pa
         list(fresh)
 
 
-def _source(ds: Path, tier: Tier, cache: Path, parallel: int) -> tuple[ShardSource, TarUnits]:
+def _source(
+    ds: Path, tier: Tier, cache: Path, parallel: int, coalesce: int = 1
+) -> tuple[ShardSource, TarUnits]:
     dataset = open_dataset(tier, prefix="ds")
-    source = ShardSource(dataset, ShardCache(cache, None, "stat"), ReadSettings(parallel=parallel))
+    settings = ReadSettings(parallel=parallel, coalesce=coalesce)
+    source = ShardSource(dataset, ShardCache(cache, None, "stat"), settings)
     return source, TarUnits(source)
 
 
-@pytest.mark.parametrize("parallel", [1, 3])
+@pytest.mark.parametrize(("parallel", "coalesce"), [(1, 1), (3, 1), (2, 3)])
 def test_reads_in_flight_and_bytes_held_stay_within_the_bound(
-    ds: Path, tmp_path: Path, parallel: int
+    ds: Path, tmp_path: Path, parallel: int, coalesce: int
 ) -> None:
-    """Every shard open at once on a slow tier: at most `parallel` reads, one range each."""
+    """Every shard open at once on a slow tier: at most `parallel` reads of at most
+    `coalesce` ranges each."""
     slow = FaultPlan(delay=1.0, delay_seconds=0.01, ops=frozenset({"get"}))
-    source, units = _source(ds, _tier(ds, slow), tmp_path / "cache", parallel)
+    counting = CountingTier(_tier(ds, slow))
+    source, units = _source(ds, counting, tmp_path / "cache", parallel, coalesce)
     shards = range(len(source.dataset.shards))
     opened = {u: units.open_unit(u, must=True) for u in shards}
     assert all(isinstance(f, StreamedShard) for f in opened.values())
@@ -142,7 +170,13 @@ def test_reads_in_flight_and_bytes_held_stay_within_the_bound(
     fetcher = source.fetcher
     assert fetcher is not None
     assert 1 <= fetcher.peak_in_flight <= parallel
-    assert fetcher.peak_bytes <= parallel * RANGE
+    assert fetcher.peak_bytes <= parallel * coalesce * RANGE
+    ranges = sum(-(-s.size // RANGE) for s in source.dataset.manifest.shards)
+    reads = sum(counting.gets.values())
+    assert reads == fetcher.requests
+    assert -(-ranges // coalesce) <= reads <= ranges  # runs of adjacent ranges: fewer reads
+    if coalesce > 1:
+        assert reads < ranges
     for f in opened.values():
         assert f is not None
         f.close()
@@ -203,6 +237,40 @@ def test_a_shuffled_block_yields_its_first_sample_after_a_few_ranges(tmp_path: P
     assert window >= 48
     assert sum(counting.gets.values()) <= 4
     assert len(list(it)) == n - 1
+
+
+def test_the_first_batch_of_a_buffered_shuffle_needs_only_the_first_ranges(
+    tmp_path: Path,
+) -> None:
+    """With the shuffle buffer (the default), a block's first batch draws from the
+    front of each of its shards: counted, the range reads before the batch is out
+    are the first one or two ranges of each shard, where the uniform block
+    permutation (``shuffle_buffer=0``) reads most of the window's ranges first."""
+    n = 2000  # about 3 MB: shards of 1 MiB, 16 ranges each, about 42 samples a range
+    write_dataset(tmp_path, n=n, shard_size=1024 * 1024, range_size=RANGE)
+    slow = FaultPlan(delay=1.0, delay_seconds=0.05, ops=frozenset({"get"}), keys=".tar")
+    reads: dict[int, int] = {}
+    for buffer in (64, 0):
+        counting = CountingTier(_tier(tmp_path / "ds", slow))
+        stream = StreamingDataset(
+            counting,
+            prefix="ds",
+            cache_dir=tmp_path / f"cache-{buffer}",
+            shuffle=True,
+            shuffle_window=3,
+            shuffle_buffer=buffer,
+            prefetch=0,
+            range_parallel=1,  # one 50 ms read at a time: the reads the batch waited for
+        )
+        it = iter(stream)
+        for _ in range(32):
+            next(it)
+        reads[buffer] = sum(counting.gets.values())
+        assert len(list(it)) == n - 32
+    # 32 positions use at most 64 + 31 + 31 arrivals, about 42 per shard: ranges 0-1
+    # of each of 3 shards, plus the one read in flight when the batch was out.
+    assert reads[64] <= 3 * 2 + 1
+    assert reads[0] >= 15  # 32 uniform draws over 48 ranges touch about 24
 
 
 def test_another_reader_follows_a_stream_in_progress_and_falls_back_when_it_stops(

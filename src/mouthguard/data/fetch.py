@@ -38,6 +38,7 @@ from mouthguard.data.cache import Reservation, ShardCache, ShardFile
 from mouthguard.data.dataset import Dataset, check_index
 from mouthguard.data.follow import follow
 from mouthguard.data.index import ShardIndex
+from mouthguard.data.nodeslots import NodeSlots
 from mouthguard.data.part import Part
 from mouthguard.data.ranged import read_ranges
 from mouthguard.data.rangefetch import RangeFetcher
@@ -105,11 +106,17 @@ class ReadSettings:
 
     ``range_size`` applies to shards the manifest has no range table for (and
     to indexes, Parquet row groups); a shard with one is read in its own ranges.
-    ``parallel`` bounds the range reads in flight of one process.
+    ``parallel`` bounds the range reads in flight of one process; ``coalesce``
+    the ranges of a streamed shard one read covers (adjacent ones, each still
+    verified on its own: :mod:`~mouthguard.data.rangefetch`); ``node`` (None:
+    none) the requests in flight of every process sharing the cache directory
+    (:mod:`~mouthguard.data.nodeslots`).
     """
 
     range_size: int = 8 * 1024 * 1024
     parallel: int = 8
+    coalesce: int = 1
+    node: int | None = None
 
 
 class ShardSource:
@@ -224,7 +231,9 @@ class ShardSource:
             got.abandon()
             raise
         if self._fetcher is None:
-            self._fetcher = RangeFetcher(self.settings.parallel)
+            node = self.settings.node
+            slots = None if node is None else NodeSlots(self.cache.root / "slots", node)
+            self._fetcher = RangeFetcher(self.settings.parallel, self.settings.coalesce, slots)
         try:
             return StreamedShard(got, record.ranges, self._fetcher, self.dataset.location.tier, key)
         except BaseException:

@@ -2,13 +2,28 @@
 
 **Global order.** From ``(seed, epoch)`` alone: the shards are permuted, cut
 into blocks of ``window`` consecutive shards, and the samples of each block are
-permuted together (a block shuffle: samples mix across ``window`` shards, while
-a reader needs only one block's shards at a time). Without shuffling, blocks are
-single shards in manifest order and samples stay in shard order. Permutations
-are argsorts of a keyed 64-bit hash (splitmix64) of each position, so the order
-is fully specified here -- it does not change with numpy's or Python's random
-number generators between versions, and a run resumes in the same order after
-an upgrade.
+shuffled together (samples mix across ``window`` shards, while a reader needs
+only one block's shards at a time). Without shuffling, blocks are single shards
+in manifest order and samples stay in shard order. Random choices come from a
+keyed 64-bit hash (splitmix64) of each position, so the order is fully specified
+here -- it does not change with numpy's or Python's random number generators
+between versions, and a run resumes in the same order after an upgrade.
+
+**The shuffle of a block** is a *buffer shuffle* over the block's samples in
+*arrival order* -- the order a reader streaming the block's shards front to back,
+side by side, gets them: the shards' samples interleaved in proportion to their
+counts (sample ``i`` of a shard of ``c`` at ``i / c``, ties in block order). The
+buffer starts with :data:`BUFFER_START` samples and grows by one per sample
+handed out (two taken in for one out) up to ``buffer`` samples; each position
+takes a hash-chosen sample out of the buffer. So position ``k`` of a block
+needs only the first ``min(buffer, BUFFER_START + k) + k + 1`` samples of the
+arrival order: the first batch needs the first ranges of each shard, not samples
+spread over the whole window (what a uniform permutation of the block needs).
+The quality kept: once the buffer is full, each position draws uniformly from
+``buffer`` samples (fewer while it grows, at the start of each block, as
+webdataset's ``shuffle(bufsize, initial)`` does). ``buffer=0`` is the previous
+order: a uniform permutation of the whole block (version 1 positions were taken
+under it, and resume under it).
 
 **Partitioning.** The epoch's ``N`` positions are split into contiguous spans
 per rank, ``[r*N//R, (r+1)*N//R)`` (sizes differ by at most one; no padding, no
@@ -65,6 +80,50 @@ def permutation(n: int, key: int) -> Ints:
     return np.argsort(_splitmix(positions), kind="stable").astype(np.int64)
 
 
+#: Samples in a block's shuffle buffer before its first position (it then grows by one
+#: per position, up to the configured size): the first batch draws from these.
+BUFFER_START = 64
+
+
+def buffer_shuffle(n: int, buffer: int, key: int) -> Ints:
+    """Arrival indices ``0..n-1`` in the order a seeded buffer shuffle hands them out.
+
+    The buffer holds up to ``min(buffer, BUFFER_START + k)`` indices when position
+    ``k`` is drawn (fewer at the end, when the arrivals are used up); the draw is
+    ``hash(key, k) mod len(buffer)``, and the drawn slot is filled by the buffer's
+    last entry. Position ``k`` therefore only uses arrivals ``<= min(buffer,
+    BUFFER_START + k) + k`` (see the module docstring).
+    """
+    if buffer < 1:
+        raise ValueError("a shuffle buffer holds at least one sample")
+    draws = _splitmix(np.arange(n, dtype=np.uint64) ^ np.uint64(key)).tolist()
+    out = np.empty(n, dtype=np.int64)
+    held: list[int] = []
+    arrived = 0
+    for k in range(n):
+        want = min(buffer, BUFFER_START + k)
+        while len(held) < want and arrived < n:
+            held.append(arrived)
+            arrived += 1
+        slot = draws[k] % len(held)
+        out[k] = held[slot]
+        last = held.pop()
+        if slot < len(held):
+            held[slot] = last
+    return out
+
+
+def arrival_order(counts: Sequence[int]) -> Ints:
+    """The block's items (index into the concatenated shards) in arrival order.
+
+    Sample ``i`` of the ``j``-th shard of ``c`` samples arrives at ``i / c`` (IEEE
+    division, exactly rounded, so the same everywhere), ties broken by ``j``.
+    """
+    where = np.concatenate([np.arange(c, dtype=np.float64) / c for c in counts])
+    shard = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    return np.lexsort((shard, where)).astype(np.int64)
+
+
 def rank_span(total: int, rank: int, world_size: int) -> tuple[int, int]:
     """Rank ``rank``'s contiguous span ``[start, stop)`` of an epoch of ``total`` positions."""
     if not 0 <= rank < world_size:
@@ -76,6 +135,9 @@ def rank_span(total: int, rank: int, world_size: int) -> tuple[int, int]:
 class EpochOrder:
     """The global order of one epoch over shards with ``counts`` samples each.
 
+    ``buffer``: the block's shuffle buffer in samples (0: a uniform permutation of
+    the whole block, the order before buffers; see the module docstring).
+
     Attributes:
         blocks: the shard indices of each block, in epoch order.
         starts: the global position where each block begins (plus the total at the end).
@@ -86,12 +148,13 @@ class EpochOrder:
     epoch: int
     shuffle: bool
     window: int
+    buffer: int = 0
     blocks: tuple[tuple[int, ...], ...] = field(init=False, repr=False)
     starts: tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.seed < 0 or self.epoch < 0:
-            raise ValueError("window must be >= 1, seed and epoch >= 0")
+        if self.window < 1 or self.seed < 0 or self.epoch < 0 or self.buffer < 0:
+            raise ValueError("window must be >= 1; seed, epoch and buffer >= 0")
         n = len(self.counts)
         if self.shuffle:
             shards = permutation(n, stream_key(self.seed, self.epoch, 0)).tolist()
@@ -117,7 +180,12 @@ class EpochOrder:
         shard_of = np.repeat(np.asarray(shards, dtype=np.int64), counts)
         sample_of = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
         if self.shuffle:
-            perm = permutation(len(shard_of), stream_key(self.seed, self.epoch, block + 1))
+            key = stream_key(self.seed, self.epoch, block + 1)
+            if self.buffer:
+                arrivals = arrival_order(counts)
+                perm = arrivals[buffer_shuffle(len(shard_of), self.buffer, key)]
+            else:
+                perm = permutation(len(shard_of), key)
             shard_of, sample_of = shard_of[perm], sample_of[perm]
         return shard_of, sample_of
 

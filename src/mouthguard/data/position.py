@@ -3,11 +3,16 @@
 The state is plain JSON-able values, so it travels in a checkpoint as typed
 JSON (``TrainingState(..., data=loader)``)::
 
-    {"format": "mouthguard-data-position", "version": 1,
+    {"format": "mouthguard-data-position", "version": 2,
      "fingerprint": "sha256:...",      # the dataset the position is in
      "epoch": 3, "consumed": 12800,    # samples this rank delivered in that epoch
-     "seed": 0, "shuffle": true, "shuffle_window": 4,
+     "seed": 0, "shuffle": true, "shuffle_window": 4, "shuffle_buffer": 4096,
      "rank": 0, "world_size": 8}
+
+Version 1 (before the shuffle buffer, :mod:`~mouthguard.data.order`) has no
+``shuffle_buffer``: it was taken under the uniform block permutation, so it is
+read as ``shuffle_buffer=0``, the setting that reproduces that order -- a loader
+built with ``shuffle_buffer=0`` resumes it exactly; any other refuses it (below).
 
 Restoring checks, in this order: the shape and types (a malformed state is a
 :class:`~mouthguard.errors.DataStateError`); the fingerprint -- another dataset
@@ -15,7 +20,8 @@ version is a :class:`~mouthguard.errors.DatasetChangedError` naming both
 fingerprints, unless forced, when the position is kept (clamped to the new
 epoch's length) although it no longer names the same samples; then the
 configuration the order depends on (shuffle, window, rank and world size must
-match: a position means nothing under another order or partition). The seed is
+match: a position means nothing under another order or partition; so must the
+shuffle buffer when shuffling). The seed is
 part of the state and is restored. The batch size is not: the sample sequence
 of a rank does not depend on it.
 """
@@ -31,7 +37,9 @@ from mouthguard.errors import DatasetChangedError, DataStateError
 log = logging.getLogger(__name__)
 
 POSITION_FORMAT = "mouthguard-data-position"
-POSITION_VERSION = 1
+POSITION_VERSION = 2
+#: Versions read: 1 lacks ``shuffle_buffer`` (its order is ``shuffle_buffer=0``'s).
+_READ_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class Position:
     seed: int
     shuffle: bool
     shuffle_window: int
+    shuffle_buffer: int
     rank: int
     world_size: int
 
@@ -56,6 +65,7 @@ class Position:
             self.seed,
             self.shuffle,
             self.shuffle_window,
+            self.shuffle_buffer,
             self.rank,
             self.world_size,
         )
@@ -65,7 +75,7 @@ class Position:
         return {"format": POSITION_FORMAT, "version": POSITION_VERSION, **asdict(self)}
 
 
-_INTS = ("epoch", "consumed", "seed", "shuffle_window", "rank", "world_size")
+_INTS = ("epoch", "consumed", "seed", "shuffle_window", "shuffle_buffer", "rank", "world_size")
 
 
 def parse_position(state: object) -> Position:
@@ -76,12 +86,17 @@ def parse_position(state: object) -> Position:
     """
     if not isinstance(state, Mapping):
         raise DataStateError(f"a data-loader state must be a mapping, not {type(state).__name__}")
+    if state.get("format") != POSITION_FORMAT or state.get("version") not in _READ_VERSIONS:
+        raise DataStateError(f"not a {POSITION_FORMAT} state of version {_READ_VERSIONS}")
     fields = set(Position.__dataclass_fields__)
+    if state["version"] == 1:
+        fields.discard("shuffle_buffer")  # version 1 has none
     expected = fields | {"format", "version"}
     if set(state) != expected:
         raise DataStateError(f"data-loader state must have exactly the keys {sorted(expected)}")
-    if state["format"] != POSITION_FORMAT or state["version"] != POSITION_VERSION:
-        raise DataStateError(f"not a {POSITION_FORMAT} version {POSITION_VERSION} state")
+    if state["version"] == 1:
+        state = {**state, "shuffle_buffer": 0}  # the order version 1 positions were taken in
+        fields.add("shuffle_buffer")
     for name in _INTS:
         value = state[name]
         if type(value) is not int or value < 0:
@@ -119,7 +134,7 @@ def restore(saved: Position, current: Position, rank_length: int, *, force: bool
             saved.fingerprint,
             current.fingerprint,
         )
-    for name in ("shuffle", "shuffle_window", "rank", "world_size"):
+    for name in ("shuffle", "shuffle_window", "shuffle_buffer", "rank", "world_size"):
         was, now = getattr(saved, name), getattr(current, name)
         if was != now:
             raise DataStateError(

@@ -76,6 +76,8 @@ from mouthguard.format.signing import KeySpec
 from mouthguard.tiers.local import LocalTier
 
 Sample = dict[str, Any]
+#: Samples a block's shuffle draws from once its buffer is full (see ``shuffle_buffer``).
+DEFAULT_SHUFFLE_BUFFER = 4096
 #: Items of a plan read at once: a Parquet reader converts rows to Python in batches.
 _READ_BATCH = 1024
 
@@ -119,7 +121,13 @@ class StreamingDataset(IterableDataset[Any]):
         shuffle: permute shards and, within blocks of ``shuffle_window`` shards, samples.
         seed: the order's seed (with the epoch, it determines the whole order).
         batch_size: the DataLoader's batch size: workers take whole batches in turn.
-        shuffle_window: shards whose samples are permuted together (all open at once).
+        shuffle_window: shards whose samples are shuffled together (all open at once).
+        shuffle_buffer: samples the block's shuffle draws each position from, once
+            full (:mod:`~mouthguard.data.order`): a buffer shuffle over the block's
+            shards read side by side, so the first batch needs only their first
+            ranges. 0: a uniform permutation of the whole block (the order of
+            version 1 positions, which only a loader with 0 resumes). The default,
+            4096, holds a whole 4-shard window of 100 KB samples in 64 MiB shards.
         cache_dir: a local directory for verified shards, shared by the processes
             that name it; None: a local dataset is read in place, an S3 one cached
             in the user's shard cache (see the module docstring).
@@ -143,6 +151,20 @@ class StreamingDataset(IterableDataset[Any]):
             The default, 8, and the 2 MiB ranges the writer records, were the
             fastest measured against the Ceph RGW on loopback, with and without
             20 ms added per request (``python -m benchmarks.data.ranges``).
+        range_coalesce: adjacent pending ranges of a streamed shard one background
+            read may cover (each still verified on its own before any sample
+            touching it is handed out; a range the reader waits for is read
+            alone): fewer, larger requests. Memory held by range reads is at most
+            ``range_parallel * range_coalesce`` ranges per process. The default,
+            2, measured 29% fewer GETs than 1 and no lower throughput at 20 ms
+            per request in one process (with 4 workers this machine could not
+            tell them apart); 4 cost throughput and first batch
+            (``python -m benchmarks.data.coalesce``, docs/benchmarks-data.md).
+        node_requests: range requests in flight across every process using
+            ``cache_dir`` (all DataLoader workers and ranks of a node that share
+            it), held as slots in ``cache_dir/slots`` (:mod:`~mouthguard.data.nodeslots`).
+            None: no shared bound, so a node has ``workers * range_parallel``.
+            Needs a ``cache_dir`` shared on the node (the default one is).
 
     Raises:
         DatasetNotFoundError: nothing is committed at ``source``.
@@ -158,6 +180,7 @@ class StreamingDataset(IterableDataset[Any]):
         seed: int = 0,
         batch_size: int = 1,
         shuffle_window: int = 4,
+        shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
         verify_cache: Verify = "stat",
@@ -169,10 +192,16 @@ class StreamingDataset(IterableDataset[Any]):
         signing_key: KeySpec | None = None,
         range_size: int = 8 * 1024 * 1024,
         range_parallel: int = 8,
+        range_coalesce: int = 2,
+        node_requests: int | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1 or shuffle_window < 1 or prefetch < 0 or seed < 0:
-            raise ValueError("batch_size and shuffle_window must be >= 1; prefetch, seed >= 0")
+        if batch_size < 1 or shuffle_window < 1 or min(prefetch, seed, shuffle_buffer) < 0:
+            raise ValueError(
+                "batch_size and shuffle_window must be >= 1; prefetch, seed, shuffle_buffer >= 0"
+            )
+        if min(range_parallel, range_coalesce, 1 if node_requests is None else node_requests) < 1:
+            raise ValueError("range_parallel, range_coalesce and node_requests must be >= 1")
         keys = resolve_keys(signing_key)
         self.dataset: Dataset = open_at(locate(source, prefix), keys)
         if self.dataset.manifest.kind == PARQUET:
@@ -184,7 +213,7 @@ class StreamingDataset(IterableDataset[Any]):
         self.decode = decode
         self.prefetch = prefetch
         self.burst = burst
-        self.settings = ReadSettings(range_size, range_parallel)
+        self.settings = ReadSettings(range_size, range_parallel, range_coalesce, node_requests)
         self._position = Position(
             fingerprint=self.dataset.fingerprint,
             epoch=0,
@@ -192,6 +221,7 @@ class StreamingDataset(IterableDataset[Any]):
             seed=seed,
             shuffle=shuffle,
             shuffle_window=shuffle_window,
+            shuffle_buffer=shuffle_buffer,
             rank=self.rank,
             world_size=self.world_size,
         )
@@ -273,7 +303,7 @@ class StreamingDataset(IterableDataset[Any]):
         """The global order of ``epoch`` (over shards, or Parquet row groups)."""
         p = self._position
         counts = self.dataset.manifest.counts
-        return EpochOrder(counts, p.seed, epoch, p.shuffle, p.shuffle_window)
+        return EpochOrder(counts, p.seed, epoch, p.shuffle, p.shuffle_window, p.shuffle_buffer)
 
     def attach_start(self, shared: Any) -> None:
         """Read each worker iteration's start from ``shared`` (epoch, consumed); None: don't.

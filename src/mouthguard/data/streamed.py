@@ -152,7 +152,10 @@ class StreamedShard(ShardFile):
     # --- the fetcher's side ------------------------------------------------------------
 
     def claim(self, k: int) -> int | None:
-        """Range ``k`` is now in flight; its size (None: done, in flight, closed or failed)."""
+        """Range ``k`` is now in flight; its size.
+
+        None: done, in flight, closed, failed, or past the last range.
+        """
         with self._cond:
             if self._closed or k >= self._failed_at or self._state[k] != _PENDING:
                 return None
@@ -160,31 +163,48 @@ class StreamedShard(ShardFile):
             self._flight += 1
             return self.table.span(k, self.size)[1]
 
-    def fetch(self, k: int) -> None:
-        """Read range ``k``, check it against the manifest, write it; record any failure."""
-        error: BaseException | None = None
+    def fetch(self, k: int, count: int = 1) -> None:
+        """Read ranges ``k .. k + count - 1`` in one request; check and write each.
+
+        Each range is checked against the manifest on its own; a failure is
+        recorded per range (one that matched is served whatever its neighbours).
+        """
+        errors: list[BaseException | None]
         try:
-            self._store(k)
+            start = self.table.span(k, self.size)[0]
+            last, length = self.table.span(k + count - 1, self.size)
+            data = memoryview(self._tier.get(self._key, start, last + length))
         except Exception as exc:  # noqa: BLE001 - kept for the reader, who raises it
-            error = exc
+            errors = [exc] * count
+        else:
+            errors = []
+            for j in range(k, k + count):
+                try:
+                    self._store(j, data, start)
+                except Exception as exc:  # noqa: BLE001 - kept for the reader, who raises it
+                    errors.append(exc)
+                else:
+                    errors.append(None)
         with self._cond:
-            self._flight -= 1
-            if error is not None:
-                self._state[k] = _PENDING
-                if k < self._failed_at:  # the earliest failure is the one readers meet first
-                    self._error, self._failed_at = error, k
-            else:
-                self._state[k] = _DONE
-                self._left -= 1
+            self._flight -= count
+            for j, error in enumerate(errors, start=k):
+                if error is not None:
+                    self._state[j] = _PENDING
+                    if j < self._failed_at:  # the earliest failure: the one readers meet first
+                        self._error, self._failed_at = error, j
+                else:
+                    self._state[j] = _DONE
+                    self._left -= 1
             self._cond.notify_all()
             finish = self._left == 0 and not self._closed and self._reservation is not None
             self._committing = finish
         if finish:
             self._commit()
 
-    def _store(self, k: int) -> None:
+    def _store(self, k: int, got: memoryview, got_at: int) -> None:
+        """Check range ``k`` and write it: its part of ``got``, bytes read from ``got_at``."""
         offset, length = self.table.span(k, self.size)
-        data = self._tier.get(self._key, offset, offset + length)
+        data = got[offset - got_at : offset - got_at + length]
         if len(data) != length:
             raise ShardDamagedError(
                 f"{self.name}: short read of range {k} at byte {offset}", shard=self.name
@@ -195,7 +215,7 @@ class StreamedShard(ShardFile):
                 "sha256 does not match the manifest",
                 shard=self.name,
             )
-        view, at = memoryview(data), offset
+        view, at = data, offset
         while view:
             written = os.pwrite(self.fd, view, at)
             view, at = view[written:], at + written
