@@ -106,7 +106,7 @@ def test_the_judge_catches_accepted_corruption(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With checksum verification switched off, torn writes must show as accepted_corrupt."""
-    monkeypatch.setattr(reader, "_verify_digest", lambda hasher, record: None)
+    monkeypatch.setattr(reader, "verify_digest", lambda hasher, record: None)
     store = mouthguard.open_store(tmp_path / "store")
     plan = FaultPlan(torn=0.5, keys="rank-")
     report = run_chaos(store, rounds=6, plan=plan, seed=2, run="c")
@@ -132,7 +132,7 @@ def test_the_judge_catches_a_receipt_on_bad_bytes(
 ) -> None:
     """With checksum verification switched off, torn copies get receipts: the judge,
     hashing on its own, says so."""
-    monkeypatch.setattr(reader, "_verify_digest", lambda hasher, record: None)
+    monkeypatch.setattr(reader, "verify_digest", lambda hasher, record: None)
     store = mouthguard.open_store(tmp_path / "store")
     plan = FaultPlan(torn=0.5, keys="rank-")
     report = run_chaos(store, rounds=6, plan=plan, seed=2, run="c")

@@ -138,3 +138,87 @@ def test_peers_need_the_whole_job(tmp_path: Path) -> None:
         mouthguard.Checkpointer(
             tmp_path, run="r", group=RankGroup(), peers=mouthguard.PeerMemory(replication_factor=1)
         )
+
+
+def _saved_in_memory(tmp_path: Path) -> mouthguard.Checkpointer:
+    """Step 3 (a milestone) in the store and memory; steps 4 and 5 in memory only."""
+    store = mouthguard.Store([LocalTier(tmp_path / "disk")])
+    peers = mouthguard.PeerMemory(
+        replication_factor=1, path=tmp_path / "shm", domains={0: "solo"}, keep=3
+    )
+    ckpt = mouthguard.Checkpointer(store, run="r", background=False, peers=peers)
+    ckpt.save(3, _state(3), "milestone")
+    ckpt.save(4, _state(4))
+    ckpt.save(5, _state(5))
+    return ckpt
+
+
+def _rank_file(tmp_path: Path, step: int) -> Path:
+    return tmp_path / "shm" / "node-solo" / "r" / f"{step:012d}" / "rank-00000.safetensors"
+
+
+def _mappings_of(root: Path) -> list[str]:
+    """Lines of this process's memory map and open descriptors naming a file under ``root``."""
+    maps = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(root) in line]
+    fds = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = str(fd.readlink())
+        except OSError:  # closed between the listing and the look
+            continue
+        if target.startswith(str(root)):
+            fds.append(target)
+    return maps + fds
+
+
+def test_a_resume_hands_out_writable_views_of_the_memory_copy(tmp_path: Path) -> None:
+    ckpt = _saved_in_memory(tmp_path)
+    path = _rank_file(tmp_path, 5)
+    before = path.read_bytes()
+    loaded = ckpt.load()
+    assert (loaded.step, loaded.tier) == (5, "peers")
+    w = loaded.state["w"]  # type: ignore[index]
+    assert torch.equal(w, _state(5)["w"])
+    # No copy: the tensor's bytes are pages of a mapping of the area's file.
+    assert any(str(path) in line for line in _mappings_of(tmp_path / "shm"))
+    # The caller owns its state: an in-place update (an optimizer step) stays private.
+    w.add_(1.0)
+    assert torch.equal(w, _state(5)["w"] + 1.0)  # type: ignore[operator]
+    assert path.read_bytes() == before
+    again = ckpt.load()
+    assert torch.equal(again.state["w"], _state(5)["w"])  # type: ignore[index]
+    # Released with the last tensor viewing it; no descriptor is held at any point.
+    del loaded, w, again
+    ckpt.close()
+    assert _mappings_of(tmp_path / "shm") == []
+
+
+def test_a_resume_fills_into_tensors_from_the_memory_copy(tmp_path: Path) -> None:
+    ckpt = _saved_in_memory(tmp_path)
+    into = {"w": torch.zeros(1000), "step": 0}
+    loaded = ckpt.load(into=into)
+    assert loaded.state["w"] is into["w"]  # type: ignore[index]
+    assert torch.equal(into["w"], _state(5)["w"])  # type: ignore[arg-type]
+    assert loaded.state["step"] == 5  # type: ignore[index]
+    del loaded
+    ckpt.close()
+    assert _mappings_of(tmp_path / "shm") == []  # the into= load keeps no mapping
+
+
+def test_a_damaged_memory_copy_is_refused_and_the_store_used(tmp_path: Path) -> None:
+    ckpt = _saved_in_memory(tmp_path)
+    path = _rank_file(tmp_path, 5)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01  # one bit of the last tensor's bytes
+    path.write_bytes(bytes(data))
+    with pytest.warns(mouthguard.CheckpointFallbackWarning) as caught:
+        loaded = ckpt.load()
+    messages = [str(w.message) for w in caught]
+    assert any("checksum mismatch" in m for m in messages), messages
+    assert any("could not be loaded from peer memory" in m for m in messages), messages
+    # The store's newest (the milestone), read and verified as usual.
+    assert (loaded.step, loaded.tier) == (3, "local")
+    assert torch.equal(loaded.state["w"], _state(3)["w"])  # type: ignore[index]
+    # The refused copy was unmapped at once: nothing of the area is held.
+    assert _mappings_of(tmp_path / "shm") == []
+    ckpt.close()

@@ -40,6 +40,7 @@ from mouthguard.checkpoint.checking import (
     saved_suspect,
 )
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
+from mouthguard.checkpoint.mapped_load import map_copy
 from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.reader import load_copy, read_manifest
 from mouthguard.checkpoint.sidecars import (
@@ -64,6 +65,7 @@ from mouthguard.errors import (
 from mouthguard.format.manifest import Manifest
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.key_material import Keyring
+from mouthguard.tiers.local import LocalTier
 
 if TYPE_CHECKING:
     import torch
@@ -86,6 +88,10 @@ class Loader:
     device: torch.device | None = None
     #: A semantic check run on the loaded state before it is returned.
     check: Check | None = None
+    #: Hand out CPU tensors as views of a private mapping of a local tier's file
+    #: (:mod:`~mouthguard.checkpoint.mapped_load`) instead of reading them into new
+    #: ones. Only for tiers whose files are never rewritten in place (peer memory).
+    mapped: bool = False
 
     def first_valid(
         self,
@@ -213,9 +219,14 @@ class Loader:
                 manifest = read_manifest(tier, self.run, step, self.keys)
                 if not self._loadable(manifest, fallback=fallback):
                     return None
-                state = load_copy(
-                    tier, prefix, manifest, rank=self.ranks.rank, into=into, device=self.device
-                )
+                if self.mapped and isinstance(tier, LocalTier):
+                    state = map_copy(
+                        tier, prefix, manifest, rank=self.ranks.rank, into=into, device=self.device
+                    )
+                else:
+                    state = load_copy(
+                        tier, prefix, manifest, rank=self.ranks.rank, into=into, device=self.device
+                    )
             except StateMismatchError:
                 raise
             except MouthguardError as exc:

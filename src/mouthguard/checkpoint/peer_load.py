@@ -9,8 +9,9 @@ On every rank (one collective sequence)::
     copy     each rank whose node lacks its file receives it from a holder
              (peer_transfer), checked against the manifest's checksum
     commit   a node that lacked the manifest writes it (its lowest rank)
-    load     every rank reads its file from its own node's area through the
-             usual verified reader (every byte checked again as it is read)
+    load     every rank maps its file from its own node's area, copy-on-write,
+             and checks every byte's checksum through that mapping before the
+             state (views of it) is handed out (mapped_load)
 
 A rank whose node kept its file (the survivors) reads it from there; nothing
 crosses the network for it.
@@ -164,7 +165,9 @@ def resume_from_peers(
         return None
     try:
         gather_step(peers, run, choice)
-        local = dataclasses.replace(loader, store=Store([peers.area.tier]))
+        # The area is memory and its files are never rewritten in place: the state
+        # is handed out as views of a private mapping, hashed once (mapped_load).
+        local = dataclasses.replace(loader, store=Store([peers.area.tier]), mapped=True)
         rejected: list[Rejection] = []
         return local.first_valid([step], None, into, rejected)
     except MouthguardError as exc:

@@ -103,7 +103,12 @@ def _check_object(tier: Tier, key: str, record: FileRecord) -> None:
         )
 
 
-def _check_header(header: bytes, record: FileRecord, expected: list[TensorRecord]) -> None:
+def check_header(header: bytes, record: FileRecord, expected: list[TensorRecord]) -> None:
+    """Check a rank file's safetensors header against the manifest's records of it.
+
+    Raises:
+        RankFileError: the header is malformed or lists other tensors or places.
+    """
     try:
         entries, _ = parse_header(header, record.size)
     except RankFileError as exc:
@@ -114,7 +119,12 @@ def _check_header(header: bytes, record: FileRecord, expected: list[TensorRecord
         raise RankFileError(f"{record.name}: safetensors header disagrees with the manifest")
 
 
-def _verify_digest(hasher: StreamHasher, record: FileRecord) -> None:
+def verify_digest(hasher: StreamHasher, record: FileRecord) -> None:
+    """Check the digests of a file's every byte (fed to ``hasher``) against its record.
+
+    Raises:
+        ChecksumMismatchError: the xxh3 (or the sha256, when recorded) differs.
+    """
     if hasher.xxh3 != record.checksum:
         raise ChecksumMismatchError(
             f"{record.name}: checksum mismatch (manifest {record.checksum}, read {hasher.xxh3})"
@@ -164,7 +174,7 @@ def verify_file(
     _check_object(tier, key, record)
     hasher = StreamHasher(with_sha256=record.sha256 is not None)
     header = _read_header(tier, key, record, hasher)
-    _check_header(header, record, manifest.tensors_in(record.name))
+    check_header(header, record, manifest.tensors_in(record.name))
     size = min(READ_CHUNK_BYTES, max(record.size - record.data_offset, 1))
     # READ_AHEAD + 1 buffers in rotation: a buffer is refilled only after it was hashed.
     scratch = [memoryview(bytearray(size)) for _ in range(READ_AHEAD + 1)]
@@ -176,7 +186,7 @@ def verify_file(
         jobs = _paused(jobs, pause)
     for chunk in read_in_order(tier, key, jobs):
         hasher.update(chunk)
-    _verify_digest(hasher, record)
+    verify_digest(hasher, record)
 
 
 def _paused(
@@ -193,21 +203,27 @@ def verify_copy(tier: Tier, prefix: str, manifest: Manifest, *, pause: Pause | N
     ``pause``: called between chunks, so a background verification yields (:data:`Pause`).
     """
     for rank in range(manifest.world_size):
-        _check_references(manifest, rank)
+        check_references(manifest, rank)
     for record in manifest.files:
         verify_file(tier, prefix, manifest, record, pause=pause)
 
 
-def _rank_file(manifest: Manifest, rank: int) -> FileRecord:
+def rank_record(manifest: Manifest, rank: int) -> FileRecord:
+    """The manifest's record of rank ``rank``'s file (ManifestError if it has none)."""
     for record in manifest.files:
         if record.rank == rank:
             return record
     raise ManifestError(f"manifest has no file for rank {rank}")
 
 
-def _check_references(manifest: Manifest, rank: int) -> dict[str, list[str]]:
+def check_references(manifest: Manifest, rank: int) -> dict[str, list[str]]:
+    """Rank ``rank``'s tensor references (stored name -> key paths), all in its file.
+
+    Raises:
+        ManifestError: the state refers to a tensor its file does not hold.
+    """
     refs = tensor_references(manifest.states[rank])
-    stored = {t.name for t in manifest.tensors_in(_rank_file(manifest, rank).name)}
+    stored = {t.name for t in manifest.tensors_in(rank_record(manifest, rank).name)}
     missing = sorted(set(refs) - stored)
     if missing:
         raise ManifestError(
@@ -216,7 +232,10 @@ def _check_references(manifest: Manifest, rank: int) -> dict[str, list[str]]:
     return refs
 
 
-def _into_targets(into: object) -> dict[str, torch.Tensor]:
+def into_targets(into: object) -> dict[str, torch.Tensor]:
+    """The tensors of ``load(into=...)`` by key path (none for ``into=None``)."""
+    if into is None:
+        return {}
     return {typed_json.format_key_path(parts): t for parts, t in iter_tensors(into)}
 
 
@@ -226,9 +245,9 @@ def _plan(
     # Here, not at the top: verifying and listing copies (the CLI) must not import torch.
     import torch  # noqa: PLC0415
 
-    refs = _check_references(manifest, rank)
+    refs = check_references(manifest, rank)
     targets = []
-    for record in manifest.tensors_in(_rank_file(manifest, rank).name):
+    for record in manifest.tensors_in(rank_record(manifest, rank).name):
         dtype = torch_dtype(record.dtype)
         # Shared-storage blobs are never read into an into= tensor: their views are
         # rebuilt on a fresh blob and copied into place by value afterwards.
@@ -278,24 +297,42 @@ def load_copy(
             the copy is damaged (the caller falls back).
         StateMismatchError: ``into`` does not fit the checkpoint (no fallback helps).
     """
-    record = _rank_file(manifest, rank)
+    record = rank_record(manifest, rank)
     key = prefix + record.name
     _check_object(tier, key, record)  # the real size bounds every allocation below
-    into_map = _into_targets(into) if into is not None else {}
+    into_map = into_targets(into)
     targets = _plan(manifest, rank, into_map, device)
     hasher = StreamHasher(with_sha256=record.sha256 is not None)
     header = _read_header(tier, key, record, hasher)
-    _check_header(header, record, [t.record for t in targets])
+    check_header(header, record, [t.record for t in targets])
     staged = next((t.tensor.device for t in targets if t.staged), None)
     ring = None if staged is None else HostRing(staged, slots=READ_AHEAD + 1)
     for chunk in read_landings(tier, key, _landings(targets), ring):
         hasher.update(chunk)
-    _verify_digest(hasher, record)
+    verify_digest(hasher, record)
 
     loaded = {t.record.name: t.copy_to if t.copy_to is not None else t.tensor for t in targets}
     for target in targets:
         if target.copy_to is not None:
             target.copy_to.copy_(target.tensor)
+    return assemble(manifest, rank, loaded, into_map)
+
+
+def assemble(
+    manifest: Manifest,
+    rank: int,
+    loaded: dict[str, torch.Tensor],
+    into_map: dict[str, torch.Tensor],
+) -> object:
+    """Rank ``rank``'s state from its verified tensors (``loaded``: stored name -> tensor).
+
+    A tensor of ``into_map`` (key path -> tensor) that is not already the loaded one
+    is filled by value.
+
+    Raises:
+        StateMismatchError: an ``into`` tensor does not fit the checkpoint.
+        ManifestError: the state refers to a tensor that is not stored.
+    """
 
     def lookup(name: str, _path: str) -> torch.Tensor:
         return loaded[name]

@@ -39,9 +39,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mouthguard.checkpoint.mapped_load import tensor_view
 from mouthguard.errors import ChecksumMismatchError, WeightsError
 from mouthguard.format.checksum import StreamHasher
-from mouthguard.format.dtypes import torch_dtype
 from mouthguard.tiers.base import Tier
 from mouthguard.tiers.local import LocalTier
 from mouthguard.weights.loader import OpenedWeights, open_weights, read_file_to_host
@@ -267,13 +267,5 @@ def _map(tier: LocalTier, key: str, size: int) -> mmap.mmap:
 
 def _view(mapped: mmap.mmap, wanted: Wanted) -> torch.Tensor:
     """The tensor ``wanted`` as a view of the mapping (a copy only if misaligned)."""
-    import torch  # noqa: PLC0415 - `import mouthguard.weights` must not cost torch's import
-
     entry = wanted.entry
-    dtype = torch_dtype(entry.dtype)
-    if entry.length == 0:
-        return torch.empty(entry.shape, dtype=dtype)
-    flat = torch.frombuffer(mapped, dtype=torch.uint8, count=entry.length, offset=entry.offset)
-    if flat.data_ptr() % dtype.itemsize:
-        flat = flat.clone()  # the file's layout leaves it unaligned for its dtype
-    return flat.view(dtype).reshape(entry.shape)
+    return tensor_view(mapped, entry.offset, entry.length, entry.dtype, tuple(entry.shape))
