@@ -10,8 +10,9 @@ import pytest
 import torch.distributed as dist
 
 import mouthguard
-from mouthguard.checkpoint.ranks import COLLECTIVE_TIMEOUT, TorchRanks
+from mouthguard.checkpoint.ranks import COLLECTIVE_TIMEOUT, INLINE_BYTES, TorchRanks
 from mouthguard.errors import RankLostError
+from tests.distributed import run_distributed
 
 
 @pytest.fixture
@@ -65,3 +66,27 @@ def test_the_lost_rank_message_names_the_timeout(new_group_calls: list[dict[str,
     group._all_gather = timed_out  # type: ignore[method-assign]
     with pytest.raises(RankLostError, match="within 3 s"):
         group.all_gather("x")
+
+
+def _gather_values(rank: int, world_size: int) -> dict[str, object]:
+    """Gathers of values that fit the inline bytes, and of ones that do not."""
+    ranks = TorchRanks()
+    long_text = "é" * INLINE_BYTES  # 2 bytes each in UTF-8 JSON: twice the inline size
+    return {
+        "small": ranks.all_gather({"rank": rank, "none": None}),
+        "one_long": ranks.all_gather(long_text if rank == 1 else rank),
+        "exactly_inline": ranks.all_gather("x" * (INLINE_BYTES - 2)),  # quotes make it full
+        "empty": ranks.all_gather(""),
+        "broadcast": ranks.broadcast(["from", rank]),
+    }
+
+
+def test_all_gather_returns_every_value_whatever_its_length() -> None:
+    got = run_distributed(_gather_values, 3)
+    long_text = "é" * INLINE_BYTES
+    for result in got:
+        assert result["small"] == [{"rank": r, "none": None} for r in range(3)]
+        assert result["one_long"] == [0, long_text, 2]
+        assert result["exactly_inline"] == ["x" * (INLINE_BYTES - 2)] * 3
+        assert result["empty"] == ["", "", ""]
+        assert result["broadcast"] == ["from", 0]

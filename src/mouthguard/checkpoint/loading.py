@@ -26,8 +26,8 @@ from __future__ import annotations
 import builtins
 import logging
 import warnings
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mouthguard.checkpoint import catalog
@@ -92,6 +92,9 @@ class Loader:
     #: (:mod:`~mouthguard.checkpoint.mapped_load`) instead of reading them into new
     #: ones. Only for tiers whose files are never rewritten in place (peer memory).
     mapped: bool = False
+    #: Manifests already read and validated (with ``keys``) by the caller, by step:
+    #: used instead of reading them again (a peer resume parses its step's once).
+    known: Mapping[int, Manifest] = field(default_factory=dict, hash=False)
 
     def first_valid(
         self,
@@ -143,7 +146,12 @@ class Loader:
         return True
 
     def _suspect_reason(self, step: int) -> str:
-        return suspect_reason(self._tiers_holding(step), self.run, step, self.keys)
+        known = self.known.get(step)
+        if known is None:
+            return suspect_reason(self._tiers_holding(step), self.run, step, self.keys)
+        return saved_suspect(known.reference) or marked_suspect(
+            self._tiers_holding(step), self.run, step
+        )
 
     def _passes(
         self, loaded: LoadedCheckpoint, rejected: builtins.list[Rejection], *, fallback: bool
@@ -216,7 +224,7 @@ class Loader:
         prefix = catalog.checkpoint_prefix(self.run, step)
         for tier in self._tiers_holding(step):
             try:
-                manifest = read_manifest(tier, self.run, step, self.keys)
+                manifest = self.known.get(step) or read_manifest(tier, self.run, step, self.keys)
                 if not self._loadable(manifest, fallback=fallback):
                     return None
                 if self.mapped and isinstance(tier, LocalTier):
@@ -299,10 +307,27 @@ def suspect_reason(tiers: Iterable[Tier], run: str, step: int, keys: Keyring | N
     ``verify`` prints it next to the copy's byte verdict. A copy that cannot be
     read is passed over (damage is the load's or the verifier's to report).
     """
+    readable = []
     for tier in tiers:
         try:
             reason = saved_suspect(read_manifest(tier, run, step, keys).reference)
-            reason = reason or read_sidecars(CopyRef(tier, run, step)).suspect
+        except MouthguardError:
+            continue
+        if reason:
+            return reason
+        readable.append(tier)
+    return marked_suspect(readable, run, step)
+
+
+def marked_suspect(tiers: Iterable[Tier], run: str, step: int) -> str:
+    """The suspect mark on any copy of ``run``/``step`` among ``tiers`` ("" when none).
+
+    :func:`suspect_reason` without the manifest's verdict, for a caller that
+    holds the manifest already.
+    """
+    for tier in tiers:
+        try:
+            reason = read_sidecars(CopyRef(tier, run, step)).suspect
         except MouthguardError:
             continue
         if reason:

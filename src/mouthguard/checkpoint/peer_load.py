@@ -29,10 +29,12 @@ from mouthguard.checkpoint.info import LoadedCheckpoint, Rejection
 from mouthguard.checkpoint.loading import Loader
 from mouthguard.checkpoint.peer_tier import PeerTier
 from mouthguard.checkpoint.peer_transfer import Transfer
+from mouthguard.checkpoint.reader import validated_manifest
 from mouthguard.checkpoint.store import Store
 from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
 from mouthguard.format.manifest import Manifest
 from mouthguard.format.typed_json import JsonValue
+from mouthguard.tiers.key_material import Keyring
 
 #: One node's inventory: step -> the ranks whose files its area holds (complete steps only).
 Inventory = dict[int, list[int]]
@@ -103,10 +105,14 @@ def survey(peers: PeerTier, run: str) -> Choice:
     return choose(inventories, peers.domains)
 
 
-def gather_step(peers: PeerTier, run: str, choice: Choice) -> Manifest:
+def gather_step(peers: PeerTier, run: str, choice: Choice, keys: Keyring | None) -> Manifest:
     """Put ``choice.step`` together in every node's area; its manifest (a collective).
 
+    The manifest is parsed and validated once, here (signed with ``keys`` when
+    given), and the load uses it as it is.
+
     Raises:
+        ManifestError, SignatureError: the manifest is not valid.
         CorruptCheckpointError: a fetched file's bytes do not match the manifest.
         RankLostError: a peer died or did not answer within the timeout.
     """
@@ -122,7 +128,7 @@ def gather_step(peers: PeerTier, run: str, choice: Choice) -> Manifest:
         return peers.area.tier.get(catalog.manifest_key(run, step)).decode()
 
     raw = str(gather(peers.ranks, manifest_text)[sender]).encode()
-    manifest = Manifest.from_bytes(raw)
+    manifest = validated_manifest(raw, run, step, keys)
     files = {f.rank: f for f in manifest.files}
     transfers = [
         Transfer(src, rank, files[rank].name, files[rank].size)
@@ -164,10 +170,12 @@ def resume_from_peers(
     if step is None or fallback == "the store":
         return None
     try:
-        gather_step(peers, run, choice)
+        manifest = gather_step(peers, run, choice, loader.keys)
         # The area is memory and its files are never rewritten in place: the state
         # is handed out as views of a private mapping, hashed once (mapped_load).
-        local = dataclasses.replace(loader, store=Store([peers.area.tier]), mapped=True)
+        local = dataclasses.replace(
+            loader, store=Store([peers.area.tier]), mapped=True, known={step: manifest}
+        )
         rejected: list[Rejection] = []
         return local.first_valid([step], None, into, rejected)
     except MouthguardError as exc:

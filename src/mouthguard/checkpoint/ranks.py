@@ -36,6 +36,11 @@ from mouthguard.format.typed_json import JsonValue
 #: How long one checkpoint collective may wait for the slowest rank: the slowest
 #: rank's write of its file must fit in it, and a dead rank is given up on after it.
 COLLECTIVE_TIMEOUT = dt.timedelta(minutes=5)
+#: Bytes of a value that travel in the first (always the only when they fit)
+#: collective of :meth:`TorchRanks.all_gather`: each gather moves this times the
+#: world size at least, and a value longer than this costs a second collective.
+INLINE_BYTES = 4096
+_LENGTH_BYTES = 8
 
 
 class RankGroup:
@@ -96,19 +101,34 @@ class TorchRanks(RankGroup):
         import torch  # noqa: PLC0415 - single-process users of this module never need torch
 
         payload = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
-        size = torch.tensor([len(payload)], dtype=torch.int64)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-        self._dist.all_gather(sizes, size, group=self._group)
-        longest = max(int(s.item()) for s in sizes)
-        mine = torch.zeros(max(longest, 1), dtype=torch.uint8)
-        if payload:
+        # One collective for what fits INLINE_BYTES (every gather of the commit and
+        # the resume protocol but a manifest's): its length and its first bytes.
+        # Each rank then knows every length; a longer payload costs a second round.
+        head = torch.zeros(_LENGTH_BYTES + INLINE_BYTES, dtype=torch.uint8)
+        head[:_LENGTH_BYTES] = torch.frombuffer(
+            bytearray(len(payload).to_bytes(_LENGTH_BYTES, "little")), dtype=torch.uint8
+        )
+        inline = payload[:INLINE_BYTES]
+        if inline:
+            head[_LENGTH_BYTES : _LENGTH_BYTES + len(inline)] = torch.frombuffer(
+                bytearray(inline), dtype=torch.uint8
+            )
+        heads = [torch.empty_like(head) for _ in range(self.world_size)]
+        self._dist.all_gather(heads, head, group=self._group)
+        raw = [bytes(h.numpy()) for h in heads]
+        sizes = [int.from_bytes(r[:_LENGTH_BYTES], "little") for r in raw]
+        longest = max(sizes)
+        if longest <= INLINE_BYTES:
+            payloads = [
+                r[_LENGTH_BYTES : _LENGTH_BYTES + n] for r, n in zip(raw, sizes, strict=True)
+            ]
+        else:
+            mine = torch.zeros(longest, dtype=torch.uint8)
             mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        received = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self._dist.all_gather(received, mine, group=self._group)
-        return [
-            json.loads(bytes(r[: int(s.item())].numpy()))
-            for r, s in zip(received, sizes, strict=True)
-        ]
+            received = [torch.empty_like(mine) for _ in range(self.world_size)]
+            self._dist.all_gather(received, mine, group=self._group)
+            payloads = [bytes(r[:n].numpy()) for r, n in zip(received, sizes, strict=True)]
+        return [json.loads(p) for p in payloads]
 
     @override
     def broadcast(self, value: JsonValue) -> JsonValue:

@@ -68,7 +68,17 @@ def read_manifest(tier: Tier, run: str, step: int, keys: Keyring | None = None) 
         SignatureError: ``keys`` given and the signature is missing or wrong.
         ManifestError: the manifest is corrupt, hostile, or names another run/step.
     """
-    manifest = parse_manifest(tier.get(manifest_key(run, step)), keys)
+    return validated_manifest(tier.get(manifest_key(run, step)), run, step, keys)
+
+
+def validated_manifest(raw: bytes, run: str, step: int, keys: Keyring | None = None) -> Manifest:
+    """Parse and validate the manifest bytes of ``run``/``step`` (:func:`read_manifest`'s checks).
+
+    Raises:
+        SignatureError: ``keys`` given and the signature is missing or wrong.
+        ManifestError: the manifest is corrupt, hostile, or names another run/step.
+    """
+    manifest = parse_manifest(raw, keys)
     if manifest.run != run or manifest.step != step:
         raise ManifestError(
             f"manifest in {run}/{step} describes {manifest.run}/{manifest.step} (moved or forged)"
