@@ -19,19 +19,27 @@ memory only). Then:
   node's area, ranks 2-3 receive their files from node 0 over gloo first. The
   plain checkpointer's ``load()`` reads the same step from the disk after its
   rank files were evicted from the page cache (``posix_fadvise DONTNEED`` on
-  each clean file). The figure is the slowest rank's ``load()``, from the call
+  each clean file). Each recovery is the slowest rank's ``load()``, from the call
   to the verified state in hand; process restart and ``Checkpointer``
-  construction (the same for both) are not counted.
+  construction (the same for both) are not counted. Both recoveries are run
+  ``RECOVERIES`` times (node 1's area deleted again before each); the figure
+  is their median.
 
-Writes ``docs/benchmarks-peer-memory.md``.
+Writes ``docs/benchmarks-peer-memory.md``. With ``--profile`` it writes nothing:
+it runs one job per size with every rank's first recovery ``load()`` under cProfile
+and prints the slowest rank's profile (the profiler's overhead makes those
+times longer than the report's).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime as dt
+import io
 import multiprocessing as mp
 import os
+import pstats
 import shutil
 import statistics
 import tempfile
@@ -56,6 +64,11 @@ JOB_TIMEOUT_SECONDS = 900.0
 #: and the stall with replication vs a plain async save.
 TARGET_RECOVERY = 5.0
 TARGET_STALL = 1.25
+#: Recoveries per size (each from node 1's memory deleted, and from the disk
+#: evicted); the figure is their median, each the slowest rank's.
+RECOVERIES = 3
+#: Functions of the profile printed with ``--profile`` (by cumulative time).
+PROFILE_LINES = 30
 
 
 def _evict(path: Path) -> None:
@@ -69,19 +82,28 @@ def _evict(path: Path) -> None:
 
 
 def _rank(
-    rank: int, port: int, root: str, shm: str, nbytes: int, rounds: int, results: Any
+    rank: int,
+    port: int,
+    root: str,
+    shm: str,
+    nbytes: int,
+    rounds: int,
+    profile: bool,
+    results: Any,
 ) -> None:
     os.environ["GROUP_RANK"] = str(rank // 2)  # 2 nodes of 2
     timeout = dt.timedelta(seconds=JOB_TIMEOUT_SECONDS)
     store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timeout)
     try:
-        results.put((rank, _job(rank, Path(root), Path(shm), nbytes, rounds)))
+        results.put((rank, _job(rank, Path(root), Path(shm), nbytes, rounds, profile)))
     finally:
         dist.destroy_process_group()
 
 
-def _job(rank: int, root: Path, shm: Path, nbytes: int, rounds: int) -> dict[str, Any]:
+def _job(
+    rank: int, root: Path, shm: Path, nbytes: int, rounds: int, profile: bool
+) -> dict[str, Any]:
     state = build_state(nbytes, seed=rank)
     disk = mouthguard.Store([LocalTier(root / "disk")])
     plain = mouthguard.Checkpointer(disk, run="plain", background=False)
@@ -99,24 +121,38 @@ def _job(rank: int, root: Path, shm: Path, nbytes: int, rounds: int) -> dict[str
             stall[name].append(float(info.stall_seconds or 0.0))
             save[name].append(float(info.save_seconds or 0.0))
     held = sum(h.nbytes for h in NodeArea(shm, f"node{rank // 2}").held("peers"))
-    # Recovery from the disk, read cold.
-    _evict(root / "disk" / "plain" / f"{rounds:012d}" / f"rank-{rank:05d}.safetensors")
-    dist.barrier()
-    started = time.perf_counter()
-    from_disk = plain.load()
-    disk_seconds = time.perf_counter() - started
-    # Recovery from peer memory after node 1 lost its memory.
-    dist.barrier()
-    if rank == 2:
-        shutil.rmtree(shm / "node-node1")
-    dist.barrier()
-    started = time.perf_counter()
-    from_peers = peers.load()
-    peer_seconds = time.perf_counter() - started
-    same = all(
-        torch.equal(from_peers.state[k], v) and torch.equal(from_disk.state[k], v)  # type: ignore[index]
-        for k, v in state.items()
-    )
+    disk_seconds, peer_seconds, same, step = [], [], True, None
+    profiled = ""
+    for attempt in range(RECOVERIES):
+        # Recovery from the disk, read cold.
+        _evict(root / "disk" / "plain" / f"{rounds:012d}" / f"rank-{rank:05d}.safetensors")
+        dist.barrier()
+        started = time.perf_counter()
+        from_disk = plain.load()
+        disk_seconds.append(time.perf_counter() - started)
+        # Recovery from peer memory after node 1 lost its memory (again: the
+        # previous recovery gave it its files back).
+        dist.barrier()
+        if rank == 2:
+            shutil.rmtree(shm / "node-node1")
+        dist.barrier()
+        profiler = cProfile.Profile() if profile and attempt == 0 else None
+        started = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        from_peers = peers.load()
+        peer_seconds.append(time.perf_counter() - started)
+        if profiler is not None:
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(PROFILE_LINES)
+            profiled = text.getvalue()
+        same = same and all(
+            torch.equal(from_peers.state[k], v) and torch.equal(from_disk.state[k], v)  # type: ignore[index]
+            for k, v in state.items()
+        )
+        step = (from_peers.step, from_peers.tier)
+        del from_disk, from_peers  # the next recovery starts from nothing held
     plain.close()
     peers.close()
     return {
@@ -124,13 +160,16 @@ def _job(rank: int, root: Path, shm: Path, nbytes: int, rounds: int) -> dict[str
         "save": save,
         "disk_seconds": disk_seconds,
         "peer_seconds": peer_seconds,
-        "peer_step": (from_peers.step, from_peers.tier),
+        "peer_step": step,
         "same": same,
         "node_bytes": held,
+        "profile": profiled,
     }
 
 
-def run_size(nbytes: int, rounds: int, disk: Path) -> list[dict[str, Any]]:
+def run_size(
+    nbytes: int, rounds: int, disk: Path, *, profile: bool = False
+) -> list[dict[str, Any]]:
     """One 4-rank job at ``nbytes`` per rank, its disk under ``disk``; every rank's result."""
     ctx = mp.get_context("spawn")
     timeout = dt.timedelta(seconds=JOB_TIMEOUT_SECONDS)
@@ -143,7 +182,10 @@ def run_size(nbytes: int, rounds: int, disk: Path) -> list[dict[str, Any]]:
         tempfile.TemporaryDirectory(dir="/dev/shm") as shm,
     ):
         procs = [
-            ctx.Process(target=_rank, args=(r, server.port, root, shm, nbytes, rounds, results))
+            ctx.Process(
+                target=_rank,
+                args=(r, server.port, root, shm, nbytes, rounds, profile, results),
+            )
             for r in range(WORLD)
         ]
         for proc in procs:
@@ -167,6 +209,11 @@ def run_size(nbytes: int, rounds: int, disk: Path) -> list[dict[str, Any]]:
     return [got[r] for r in range(WORLD)]
 
 
+def _recoveries(ranks: list[dict[str, Any]], key: str) -> list[float]:
+    """Per recovery, the slowest rank's time."""
+    return [max(values) for values in zip(*(r[key] for r in ranks), strict=True)]
+
+
 def _job_stalls(ranks: list[dict[str, Any]], key: str, name: str) -> list[float]:
     """Per round, the slowest rank's figure."""
     return [max(values) for values in zip(*(r[key][name] for r in ranks), strict=True)]
@@ -183,8 +230,8 @@ def report(sizes: list[int], rounds: int, out: Path, disk: Path) -> str:
         peer_stall = statistics.median(_job_stalls(ranks, "stall", "peers"))
         plain_save = statistics.median(_job_stalls(ranks, "save", "plain"))
         peer_save = statistics.median(_job_stalls(ranks, "save", "peers"))
-        cold = max(r["disk_seconds"] for r in ranks)
-        peer = max(r["peer_seconds"] for r in ranks)
+        cold = statistics.median(_recoveries(ranks, "disk_seconds"))
+        peer = statistics.median(_recoveries(ranks, "peer_seconds"))
         held = max(r["node_bytes"] for r in ranks) / 2  # 2 ranks per node
         rows.append((nbytes, cold, peer, plain_stall, peer_stall, plain_save, peer_save, held))
     after = os.getloadavg()
@@ -196,7 +243,8 @@ def report(sizes: list[int], rounds: int, out: Path, disk: Path) -> str:
         'machine: the "network" between nodes is loopback and every node\'s memory is',
         "this machine's /dev/shm, so transfers cost CPU and memory bandwidth, not a NIC.",
         f"Rounds per size: {rounds}; stall and save figures are medians over rounds of the",
-        "slowest rank; recovery is the slowest rank's `load()`, once per size.",
+        f"slowest rank; recovery is the median of {RECOVERIES} recoveries, each the slowest",
+        "rank's `load()`.",
         "",
         machine_line(disk),
         load_line(before, after),
@@ -242,8 +290,18 @@ def main() -> None:
     parser.add_argument(
         "--dir", type=Path, default=REPO, help="where the disk checkpoints go (a real disk)"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="print a profile of one recovery per size instead"
+    )
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if args.profile:
+        for nbytes in sizes:
+            ranks = run_size(nbytes, args.rounds, args.dir, profile=True)
+            slowest = max(ranks, key=lambda r: r["peer_seconds"][0])
+            print(f"## {size_label(nbytes)}iB per rank: the slowest rank's recovery")
+            print(slowest["profile"])
+        return
     print(report(sizes, args.rounds, args.out, args.dir))
 
 
