@@ -19,6 +19,7 @@ from mouthguard.checkpoint.peer_memory import NodeArea
 from mouthguard.checkpoint.peer_placement import detect_domain, domains_from_map, holders
 from mouthguard.errors import CheckpointExistsError
 from mouthguard.tiers.local import LocalTier
+from tests.checkpoint.test_signed import KEY, RUN, tamper_and_reseal
 
 
 def test_each_ranks_copies_land_in_distinct_domains() -> None:
@@ -221,4 +222,31 @@ def test_a_damaged_memory_copy_is_refused_and_the_store_used(tmp_path: Path) -> 
     assert torch.equal(loaded.state["w"], _state(3)["w"])  # type: ignore[index]
     # The refused copy was unmapped at once: nothing of the area is held.
     assert _mappings_of(tmp_path / "shm") == []
+    ckpt.close()
+
+
+@pytest.mark.parametrize("keep_signature", [False, True])
+def test_a_signed_resume_refuses_a_resealed_memory_copy(
+    tmp_path: Path, keep_signature: bool
+) -> None:
+    """The manifest is validated once for the resume, and with the key."""
+    store = mouthguard.Store([LocalTier(tmp_path / "disk")])
+    peers = mouthguard.PeerMemory(
+        replication_factor=1, path=tmp_path / "shm", domains={0: "solo"}, keep=3
+    )
+    ckpt = mouthguard.Checkpointer(store, run=RUN, background=False, peers=peers, signing_key=KEY)
+    ckpt.save(3, _state(3), "milestone")
+    ckpt.save(5, _state(5))
+    loaded = ckpt.load()
+    assert (loaded.step, loaded.tier) == (5, "peers")
+    del loaded
+    # Someone with write access to /dev/shm but not the key changes a byte and
+    # recomputes the checksums into the manifest.
+    tamper_and_reseal(NodeArea(tmp_path / "shm", "solo").tier, 5, keep_signature=keep_signature)
+    with pytest.warns(mouthguard.CheckpointFallbackWarning) as caught:
+        loaded = ckpt.load()
+    messages = [str(w.message) for w in caught]
+    assert any("could not be loaded from peer memory" in m for m in messages), messages
+    assert (loaded.step, loaded.tier) == (3, "local")
+    assert torch.equal(loaded.state["w"], _state(3)["w"])  # type: ignore[index]
     ckpt.close()
