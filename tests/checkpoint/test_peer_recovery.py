@@ -226,3 +226,22 @@ def test_a_rank_killed_while_sending_its_copies_leaves_that_step_incomplete(
         assert r["warnings"] == []
         assert r["final"] == uninterrupted[rank], f"rank {rank} diverged"
     assert _manifests(tmp_path, 5) == ["node-node0", "node-node1"]  # saved again, complete
+
+
+def test_a_damaged_copy_in_peer_memory_sends_every_rank_to_the_store(
+    tmp_path: Path, uninterrupted: list[bytes]
+) -> None:
+    first = _run(tmp_path)
+    assert all(r["final"] == uninterrupted[rank] for rank, r in enumerate(first))
+    # One bit of rank 0's step-6 file on its own node (the copy it would map).
+    path = tmp_path / "shm" / "node-node0" / "job" / f"{6:012d}" / "rank-00000.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    resumed = _run(tmp_path, resume=True)
+    for rank, r in enumerate(resumed):
+        # Every rank leaves peer memory together (no mix of sources) for the
+        # store's step 6, a milestone, and says why.
+        assert r["loaded"] == (6, "local"), r
+        assert any("could not be loaded from peer memory" in w for w in r["warnings"]), r  # type: ignore[attr-defined]
+        assert r["final"] == uninterrupted[rank], f"rank {rank} diverged"
