@@ -50,8 +50,13 @@ NOT_RUNNABLE = [
 ]
 
 
-def run_engine_script(python: Path, script: Path, args: list[str], name: str) -> dict[str, Any]:
-    """Run ``script`` with ``args``; its last JSON line.
+def run_engine_script(
+    python: Path, script: Path, args: list[str], name: str, result: Path | None = None
+) -> dict[str, Any]:
+    """Run ``script`` with ``args``; its last JSON line, or the JSON file ``result``.
+
+    A result longer than a pipe's atomic write (4 KiB) goes to a file: the engine's
+    processes share the script's stdout, and their lines can land inside it.
 
     Raises:
         SystemExit: the script failed or printed no JSON line (its output's tail
@@ -63,6 +68,9 @@ def run_engine_script(python: Path, script: Path, args: list[str], name: str) ->
         [str(python), str(script), *args], capture_output=True, text=True, env=env, check=False
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if result is not None and done.returncode == 0 and result.exists():
+        answer: dict[str, Any] = json.loads(result.read_text())
+        return answer
     if done.returncode != 0 or not lines:
         sys.stderr.write(done.stdout[-5000:] + done.stderr[-5000:])
         raise SystemExit(f"{name} failed ({done.returncode})")

@@ -71,7 +71,9 @@ def run_config(python: Path, config: str, trace: Path, work: Path, args: Any) ->
     options = ["--config", config, "--trace", str(trace), "--work", str(work)]
     options += ["--max-output", str(args.max_output)]
     options += ["--hidden", str(args.hidden), "--layers", str(args.layers)]
-    return run_engine_script(python, ENGINE, options, config)
+    result = work / f"{config}-result.json"
+    options += ["--result", str(result)]
+    return run_engine_script(python, ENGINE, options, config, result)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -15,7 +15,7 @@ prefix that is not recomputed came from the connector. Per request it records th
 time to first token (vLLM's own ``first_token_latency``: from the request's arrival
 in the engine to its first token), the prompt tokens the engine did not compute
 (``num_cached_tokens``: here, the connector's), the connector's counts where it
-reports them, and the output tokens. Prints one JSON line.
+reports them, and the output tokens. Writes them as JSON to ``--result``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--config", required=True)
     parser.add_argument("--trace", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True, help="where the JSON goes")
     parser.add_argument("--max-output", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
@@ -89,9 +90,10 @@ def main() -> None:
             }
         )
     seconds = time.perf_counter() - started
-    print(json.dumps({"config": args.config, "seconds": seconds, "requests": rows}), flush=True)
+    args.result.write_text(
+        json.dumps({"config": args.config, "seconds": seconds, "requests": rows})
+    )
     close_engine(llm)
-    sys.stdout.flush()
     os._exit(0)  # the engine's background threads need not be joined
 
 
