@@ -104,6 +104,11 @@ def report(results: list[dict], args: argparse.Namespace, seconds: float) -> str
         "",
         *[f"* {name}: {why}." for name, why in NOT_RUNNABLE],
         "",
+        "A Mooncake-format trace replayed inside the engine (prefix hit rate, "
+        "requests/s, TTFT p50/p90 for the same configurations) is in "
+        "[benchmarks-vllm-replay.md](benchmarks-vllm-replay.md) "
+        "(`python -m benchmarks.vllm.replay`).",
+        "",
         "Weights: engine start to first token and load GiB/s for `load_format` "
         "`mouthguard` against vLLM's default and its peers are in "
         "[benchmarks-vllm-load.md](benchmarks-vllm-load.md) (`python -m benchmarks.vllm.load`).",
