@@ -34,10 +34,9 @@ from benchmarks.vllm.engine_run import (
     ROOT,
     run_engine_script,
 )
-from benchmarks.vllm.trace_prompts import reusable_tokens
+from benchmarks.vllm.trace_prompts import BLOCK_TOKENS, reusable_tokens
 
 ENGINE = Path(__file__).with_name("replay_engine.py")
-BLOCK_TOKENS = 128  # vLLM's block size on a CPU
 
 
 def make_trace(requests: int, seed: int, max_blocks: int) -> list[traces.Request]:

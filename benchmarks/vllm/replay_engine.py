@@ -33,11 +33,10 @@ if __package__ in (None, ""):  # run as a script: the repository and the engine 
 from common import close_engine, start_engine
 
 from benchmarks.kvcache import trace as traces
-from benchmarks.vllm.trace_prompts import prompts_of
-from benchmarks.vllm.ttft import bench_model, transfer_config
+from benchmarks.vllm.trace_prompts import BLOCK_TOKENS, prompts_of
+from benchmarks.vllm.ttft import bench_model, engine_options
 
 VOCAB = 32000  # bench_model's vocabulary
-BLOCK_TOKENS = 128  # vLLM's block size on a CPU: the trace's hash ids are blocks of it
 
 
 def main() -> None:
@@ -59,7 +58,7 @@ def main() -> None:
     model = bench_model(args.work / f"model-{args.hidden}-{args.layers}", args.hidden, args.layers)
     llm = start_engine(
         model,
-        kv_transfer_config=transfer_config(args.config, args.work),
+        **engine_options(args.config, args.work),
         disable_log_stats=False,  # RequestOutput.metrics: the engine's own TTFT
     )
     block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)

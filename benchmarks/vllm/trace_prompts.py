@@ -17,6 +17,9 @@ import numpy as np
 
 from benchmarks.kvcache.trace import Request
 
+#: vLLM's block size on a CPU: the replay's hash ids name blocks of this many tokens.
+BLOCK_TOKENS = 128
+
 
 def block_tokens_of(hash_id: int, block_tokens: int, vocab: int) -> list[int]:
     """The ``block_tokens`` token ids of one hash id, in ``[1, vocab)``."""
