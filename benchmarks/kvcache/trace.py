@@ -37,9 +37,20 @@ class Request:
 
 
 def synthetic(
-    requests: int, *, seed: int = 0, sessions: int = 200, system_prompts: int = 8
+    requests: int,
+    *,
+    seed: int = 0,
+    sessions: int = 200,
+    system_prompts: int = 8,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    max_blocks: int = 60,
 ) -> list[Request]:
-    """A multi-round, Zipf-shared-prefix trace (see the module docstring)."""
+    """A multi-round, Zipf-shared-prefix trace (see the module docstring).
+
+    ``block_tokens`` is the tokens per hash id (Mooncake's 512 unless an engine's
+    block size is wanted); a session whose history passes ``max_blocks`` blocks
+    starts over, so no request has more than ``max_blocks + 4`` blocks.
+    """
     rng = np.random.default_rng(seed)
     next_id = iter(range(1, 1 << 40))
     prompts = [
@@ -50,14 +61,14 @@ def synthetic(
     clock = 0
     for _ in range(requests):
         session = int(min(rng.zipf(1.2), sessions)) - 1
-        if session not in history or len(history[session]) > 60:  # new or too long: restart
+        if session not in history or len(history[session]) > max_blocks:  # restart
             prompt = prompts[int(min(rng.zipf(1.5), system_prompts)) - 1]
             history[session] = list(prompt)
         turn = [next(next_id) for _ in range(int(rng.integers(1, 5)))]
         ids = history[session] + turn
         history[session] = [*ids, next(next_id)]  # the answer joins the history
         clock += int(rng.integers(50, 500))
-        length = len(ids) * MOONCAKE_BLOCK_TOKENS - int(rng.integers(0, MOONCAKE_BLOCK_TOKENS))
+        length = len(ids) * block_tokens - int(rng.integers(0, block_tokens))
         out.append(Request(clock, length, int(rng.integers(50, 600)), ids))
     return out
 

@@ -6,6 +6,7 @@ Run with the vLLM environment's interpreter (``benchmarks.vllm`` does)::
 
 Starts one engine with the configuration named (``recompute``: no connector;
 ``example``: vLLM's ``ExampleConnector``, safetensors files on disk;
+``native`` / ``lmcache``: vLLM's CPU offloading and LMCache, GPU machines only;
 ``mouthguard-ram`` / ``mouthguard-disk``: ``MouthguardConnector`` with a memory tier
 that holds the prompt's blocks, or one too small for them, so they are read from
 disk; a ``-async`` suffix turns on ``async_load``: the blocks are read on the
@@ -44,6 +45,27 @@ def bench_model(directory: Path, hidden: int, layers: int) -> Path:
         vocab_size=32000,
         max_position_embeddings=8192,
     )
+
+
+def engine_options(name: str, work: Path) -> dict[str, Any]:
+    """``LLM(...)`` options of configuration ``name`` beyond :func:`start_engine`'s.
+
+    Besides :func:`transfer_config`'s: ``native`` is vLLM's own CPU offloading
+    (``kv_offloading_backend="native"``, 2 GiB) and ``lmcache`` LMCache's vLLM
+    connector (``LMCacheConnectorV1``, LMCache's defaults); neither starts on a
+    CPU-only machine (the report says why), both are here for a GPU one.
+    """
+    if name == "native":
+        return {"kv_offloading_backend": "native", "kv_offloading_size": 2.0}
+    if name == "lmcache":
+        from vllm.config import KVTransferConfig  # noqa: PLC0415
+
+        return {
+            "kv_transfer_config": KVTransferConfig(
+                kv_connector="LMCacheConnectorV1", kv_role="kv_both"
+            )
+        }
+    return {"kv_transfer_config": transfer_config(name, work)}
 
 
 def transfer_config(name: str, work: Path) -> Any:
@@ -93,7 +115,7 @@ def main() -> None:
     model = bench_model(args.work / f"model-{args.hidden}-{args.layers}", args.hidden, args.layers)
     rng = random.Random(0)
     prompt = {"prompt_token_ids": [rng.randrange(1, 32000) for _ in range(args.prompt_tokens)]}
-    llm = start_engine(model, kv_transfer_config=transfer_config(args.config, args.work))
+    llm = start_engine(model, **engine_options(args.config, args.work))
     first = SamplingParams(max_tokens=1, temperature=0.0)
     tokens = SamplingParams(max_tokens=8, temperature=0.0)
     started = time.perf_counter()

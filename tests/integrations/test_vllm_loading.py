@@ -1,4 +1,4 @@
-"""The connector worker's background loads and host buffers (no engine: pure torch).
+"""The connector worker's background loads (no engine: pure torch).
 
 The jobs run on the real background thread; events decide when each may end, so
 nothing here depends on timing.
@@ -10,9 +10,8 @@ import threading
 from collections.abc import Callable
 
 import pytest
-import torch
 
-from mouthguard.integrations.vllm.loading import MAX_ASYNC_LOADS, BackgroundLoads, HostBuffer
+from mouthguard.integrations.vllm.loading import MAX_ASYNC_LOADS, BackgroundLoads
 
 WAIT_S = 30.0  # a bound on each wait, not a measurement
 
@@ -102,14 +101,3 @@ def test_close_waits_for_the_loads_in_flight() -> None:
 def test_a_bound_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         BackgroundLoads(limit=0)
-
-
-def test_a_host_buffer_grows_to_the_longest_load_and_is_reused() -> None:
-    buffer = HostBuffer()
-    big = buffer.take((4, 2, 3), torch.float32)
-    small = buffer.take((2, 2, 3), torch.float32)
-    assert small.shape == (2, 2, 3)
-    assert small.data_ptr() == big.data_ptr()  # the same memory, not a new buffer
-    other = buffer.take((2, 5), torch.float32)  # another block shape: a new buffer
-    assert other.shape == (2, 5)
-    assert buffer.take((1, 5), torch.float16).dtype == torch.float16

@@ -341,3 +341,23 @@ def test_writing_to_a_returned_block_does_not_change_the_stored_one(tmp_path: Pa
         kv.flush()
         check_equal(kv.get(toks), blocks)
         assert kv.stats()["disk"]["promotions"] >= 2
+
+
+def test_view_reads_return_the_stored_bytes_from_memory_and_promoted_from_disk(
+    tmp_path: Path,
+) -> None:
+    with store(tmp_path, memory_bytes=2 * BLOCK) as kv:
+        toks = tokens(810, 4)
+        blocks = blocks_for(toks)
+        kv.put(toks, blocks)  # blocks 0 and 1 on disk, 2 and 3 in memory
+        views = kv.get(toks, view=True)
+        check_equal(views, blocks)
+        again = kv.get(toks, view=True)
+        # a memory hit is the store's own bytes, not a copy: two views share them
+        assert np.shares_memory(views[3], again[3])
+        assert kv.stats()["disk"]["promotions"] >= 2  # disk blocks came up to memory
+        check_equal(kv.get(toks), blocks)  # and still read back whole
+        with pytest.raises(KVCacheError, match="view"):
+            kv.get(toks, view=True, out=[np.empty_like(b) for b in blocks])
+        with pytest.raises(KVCacheError, match="view"):
+            kv.get(toks, view=True, device="cpu")

@@ -283,6 +283,7 @@ class KVStore:
         out: Sequence[Block] | None = None,
         device: Any = None,
         promote: bool = True,
+        view: bool = False,
     ) -> list[Block]:
         """The blocks of the longest stored prefix of ``token_ids``, in order.
 
@@ -292,11 +293,22 @@ class KVStore:
                 filled buffers are returned.
             device: return torch tensors on this device (e.g. ``"cuda:0"``).
             promote: bring blocks found on disk or remote into memory.
+            view: return the store's own bytes instead of a copy: no copy at all
+                for a memory hit, and a disk or remote block is promoted without a
+                second one. The caller must only read them (the store never writes
+                a block's bytes after creating it, and a view keeps them alive, so
+                an eviction does not pull them away); a block held past its use
+                keeps its memory beyond ``memory_bytes``, so copy and drop them.
 
         A block that cannot be read (damaged, or its tier unreachable) ends the
         prefix there: fewer blocks than :meth:`longest_prefix` promised.
+
+        Raises:
+            KVCacheError: ``view`` with ``out`` or ``device`` (those copy by definition).
         """
         self._check_open()
+        if view and (out is not None or device is not None):
+            raise KVCacheError("get(view=True) returns the store's bytes: not with out or device")
         placement = self._placement
         keys = self.keys(token_ids)
         # The leading run of memory hits: looked up under one lock hold, copied
@@ -311,7 +323,7 @@ class KVStore:
         for index, payload in enumerate(hot):
             began = clock()
             if plain:  # the common case, inlined: one copy, rebuilt as the caller's type
-                result.append(rebuild(payload.data.copy(), payload.desc))
+                result.append(rebuild(payload.data if view else payload.data.copy(), payload.desc))
             elif out is not None and index < len(out):  # straight into the caller's buffer
                 result.append(decode(payload.data, payload.desc, out=out[index]))
             else:
@@ -321,7 +333,13 @@ class KVStore:
             placement.record_memory_hits(times, hot[0].nbytes)
         for index in range(len(hot), len(keys)):
             found = self._get_one(
-                keys[index], index, out=out, device=device, promote=promote, result=result
+                keys[index],
+                index,
+                out=out,
+                device=device,
+                promote=promote,
+                view=view,
+                result=result,
             )
             if not found:
                 break
@@ -335,6 +353,7 @@ class KVStore:
         out: Sequence[Block] | None,
         device: Any,
         promote: bool,
+        view: bool,
         result: list[Block],
     ) -> bool:
         """Read one block from wherever it is now into ``result``; False on a miss."""
@@ -349,13 +368,14 @@ class KVStore:
             if target is not None:
                 result.append(decode(data, found.desc, out=target))
             else:
-                data = data.copy()
+                data = data if view else data.copy()
                 result.append(decode(data, found.desc, device=device))
             placement.record_memory_hits([time.perf_counter() - started], data.nbytes)
             return True
         if promote:
             # The memory copy must not share bytes with what the caller may write.
-            mine = data if target is not None else data.copy()
+            # (a view's caller only reads, so the two may share them)
+            mine = data if target is not None or view else data.copy()
             with placement.lock:
                 placement.promote(key, mine, found)
         result.append(decode(data, found.desc, out=target, device=device))

@@ -24,11 +24,12 @@ scheduler process
     unpins and reports the request's counts in ``kv_transfer_params["mouthguard"]``.
 worker process (one per rank)
     ``register_kv_caches`` opens the rank's store and the socket the scheduler asks.
-    ``start_load_kv`` reads each planned prefix with ``get(out=...)`` and copies it
-    into the pages; a block the store cannot return (checksum failure, evicted or
-    vanished since the lookup) is reported by ``get_block_ids_with_load_errors``, and
-    vLLM recomputes from there (``kv_load_failure_policy="recompute"``; with vLLM's
-    default ``"fail"`` the request fails instead) -- a wrong block is never served.
+    ``start_load_kv`` reads each planned prefix with ``get(view=True)`` and copies
+    each block's layers straight into their pages (one copy per byte); a block the
+    store cannot return (checksum failure, evicted or vanished since the lookup) is
+    reported by ``get_block_ids_with_load_errors``, and vLLM recomputes from there
+    (``kv_load_failure_policy="recompute"``; with vLLM's default ``"fail"`` the
+    request fails instead) -- a wrong block is never served.
     An async load goes to one background thread (:mod:`.loading`, at most
     ``MAX_ASYNC_LOADS`` in flight, one per request); ``get_finished`` reports the
     request once its pages are filled, with its failed pages in the same step.
@@ -42,8 +43,9 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -53,7 +55,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from mouthguard.errors import KVCacheError
 from mouthguard.integrations.vllm.channel import LookupClient, LookupServer, socket_path
-from mouthguard.integrations.vllm.loading import MAX_ASYNC_LOADS, BackgroundLoads, HostBuffer
+from mouthguard.integrations.vllm.loading import MAX_ASYNC_LOADS, BackgroundLoads
 from mouthguard.integrations.vllm.options import open_remote, parse_options, rank_disk_dir
 from mouthguard.kvcache import KVNamespace, KVStore
 
@@ -94,6 +96,33 @@ class MouthguardMetadata(KVConnectorMetadata):  # type: ignore[misc]  # vLLM is 
     loads: list[Transfer] = field(default_factory=list)  # before this step's forward
     async_loads: list[Transfer] = field(default_factory=list)  # on the worker's thread
     saves: list[Transfer] = field(default_factory=list)
+
+
+def _copy(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target.copy_(source)`` for one page, as one memcpy on this thread when on the host.
+
+    A page is a few hundred KiB, above torch's grain for splitting a copy over its
+    thread pool, and on a CPU engine those threads are the forward's: each small
+    copy then waits for busy threads (a prefix hit's 15 x 8 pages took ~1 s that
+    way on a loaded 2-core machine, ~50 ms as plain memcpys). numpy copies on the
+    calling thread. Other devices, and pages numpy cannot view, take torch's copy.
+    """
+    host = target.device.type == "cpu" and source.device.type == "cpu"
+    if not host or target.dtype != source.dtype or target.shape != source.shape:
+        target.copy_(source)
+        return
+    if target.dim() == 0 or target.stride(-1) != 1 or source.stride(-1) != 1:
+        target.copy_(source)
+        return
+    np.copyto(target.view(torch.uint8).numpy(), source.view(torch.uint8).numpy())
+
+
+class _Match(NamedTuple):
+    """What ``get_num_new_matched_tokens`` found, for ``update_state_after_alloc``."""
+
+    hit: int  # tokens to load (whole blocks, short of the prompt's last token)
+    stored_blocks: int  # leading blocks the stores hold (may be one more than loaded)
+    asynchronous: bool  # offered as an async load
 
 
 @dataclass
@@ -151,7 +180,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             paths = [socket_path(self._engine_id, rank) for rank in range(self._tp_size)]
             self._client = LookupClient(paths)
             self._tracked: dict[str, _Tracked] = {}
-            self._matched: dict[str, tuple[int, bool]] = {}  # hit, offered asynchronously
+            self._matched: dict[str, _Match] = {}
             self._pending_loads: list[Transfer] = []
             self._pending_async: list[Transfer] = []
             self._loading: set[str] = set()  # async loads not yet reported finished
@@ -162,9 +191,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             self._staging: dict[str, torch.Tensor] = {}
             self._filled: dict[str, set[str]] = {}
             self._load_errors: set[int] = set()
-            self._buffer = HostBuffer()
             self._background: BackgroundLoads | None = None
-            self._background_buffer = HostBuffer()  # the background thread's own
 
     # ----------------------------------------------------------------- scheduler side
 
@@ -174,17 +201,19 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         """Tokens the stores hold beyond the engine's own ``num_computed_tokens``."""
         tokens = list(request.all_token_ids)
         try:
-            # the engine must compute at least one token itself to sample from it
-            hit = self._client.longest_prefix(tokens[: len(tokens) - 1])
+            stored = self._client.longest_prefix(tokens)
         except (KVCacheError, OSError) as error:
             log.warning("mouthguard: lookup failed (%s); computing the prompt", error)
-            hit = 0
+            stored = 0
+        # the engine must compute at least one token itself to sample from it; the
+        # block holding that token is stored all the same, so it is not saved again
+        hit = min(stored, len(tokens) - 1)
         hit -= hit % self._block
         new = max(0, hit - num_computed_tokens)
         # at the bound, a load runs inside the forward instead of waiting for a slot
         asynchronous = self._options.async_load and new > 0
         asynchronous = asynchronous and len(self._loading) < MAX_ASYNC_LOADS
-        self._matched[request.request_id] = (hit, asynchronous)
+        self._matched[request.request_id] = _Match(hit, stored // self._block, asynchronous)
         return new, asynchronous
 
     def update_state_after_alloc(
@@ -192,11 +221,11 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
     ) -> None:
         """Track the request; plan, pin and prefetch its load when there is one."""
         req_id = request.request_id
-        hit, asynchronous = self._matched.pop(req_id, (0, False))
+        hit, stored_blocks, asynchronous = self._matched.pop(req_id, _Match(0, 0, False))
         tracked = self._tracked.get(req_id)
         if tracked is None:
             tracked = self._tracked[req_id] = _Tracked(request)
-        tracked.stored_blocks = hit // self._block
+        tracked.stored_blocks = stored_blocks
         if num_external_tokens <= 0:
             return
         tokens = list(request.all_token_ids)[:hit]
@@ -372,39 +401,45 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         if self._store is None:
             return
         for load in meta.loads:
-            self._load_errors.update(self._fill(load, self._buffer))
+            self._load_errors.update(self._fill(load))
         background = self._background
         for load in meta.async_loads:
             if background is None:  # cannot happen: the scheduler reads the same options
                 self._load_errors.update(load.block_ids)
                 continue
-            job = functools.partial(self._fill, load, self._background_buffer)
+            job = functools.partial(self._fill, load)
             background.submit(load.req_id, load.block_ids, job)
 
-    def _fill(self, load: Transfer, buffer: HostBuffer) -> list[int]:
+    def _fill(self, load: Transfer) -> list[int]:
         """Copy ``load``'s blocks from the store into its pages; the pages not filled.
 
-        The blocks are read into ``buffer`` with ``get(out=...)``, which verifies
-        each; a block it cannot return (checksum failure, evicted or vanished since
-        the lookup) ends the usable prefix, and every page from there is returned.
+        ``get(view=True)`` hands back the store's own bytes (verified when they came
+        from disk or remote; a memory hit is not copied at all), and each block's
+        layers are copied straight into their pages: one copy per byte. A block the
+        store cannot return (checksum failure, evicted or vanished since the
+        lookup), or of another shape, ends the usable prefix, and every page from
+        there is returned. The views are dropped on return, so the store's memory
+        bound holds but for the blocks of one load.
         """
         store = self._store
         if store is None:
             return list(load.block_ids)
-        first = next(iter(self._layers.values()))
-        blocks = len(load.tokens) // self._block
-        staging = buffer.take((blocks, *self._block_shape()), first.dtype)
         try:
-            got = len(store.get(load.tokens, out=list(staging)))
+            blocks = store.get(load.tokens, view=True)
         except (KVCacheError, OSError) as error:
             log.warning("mouthguard: load of %s failed (%s)", load.req_id, error)
-            got = 0
-        usable = max(0, got - load.first)
-        if usable:
-            pages = torch.tensor(load.block_ids[:usable], dtype=torch.long, device=first.device)
-            rows = staging[load.first : load.first + usable].to(first.device)
-            for index, layer in enumerate(self._layers.values()):
-                layer.index_copy_(0, pages, rows[:, index])
+            blocks = []
+        shape = self._block_shape()
+        layers = list(self._layers.values())
+        usable = 0
+        for page, block in zip(load.block_ids, blocks[load.first :], strict=False):
+            wrong = not isinstance(block, torch.Tensor) or tuple(block.shape) != shape
+            if wrong or block.dtype != layers[0].dtype:
+                log.warning("mouthguard: a stored block of %s is of another shape", load.req_id)
+                break
+            for index, layer in enumerate(layers):
+                _copy(layer[page], block[index])
+            usable += 1
         return list(load.block_ids[usable:])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -433,8 +468,8 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         if staging is None:
             shape = (len(save.block_ids), *self._block_shape())
             staging = self._staging[save.req_id] = torch.empty(shape, dtype=kv_layer.dtype)
-        pages = torch.tensor(save.block_ids, dtype=torch.long, device=kv_layer.device)
-        staging[:, index].copy_(kv_layer.index_select(0, pages))
+        for row, page in enumerate(save.block_ids):
+            _copy(staging[row, index], kv_layer[page])
 
     def wait_for_save(self) -> None:
         """Put the step's completed blocks (``wait=False``: the disk write is not awaited)."""

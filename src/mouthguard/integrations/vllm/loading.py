@@ -1,6 +1,6 @@
-"""The connector worker's background loads (``async_load``), and its host buffers.
+"""The connector worker's background loads (``async_load``).
 
-Pure (torch, no vLLM): a load is a callable that fills a request's pages and
+Pure (no vLLM): a load is a callable that fills a request's pages and
 returns the pages it could not fill. :class:`BackgroundLoads` runs such loads one
 after another on one thread while their requests wait in vLLM's
 ``WAITING_FOR_REMOTE_KVS``, and hands back, when the engine next asks
@@ -20,33 +20,10 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import torch
-
 log = logging.getLogger(__name__)
 
 #: Asynchronous loads in flight per worker (and per scheduler) at most.
 MAX_ASYNC_LOADS = 16
-
-
-class HostBuffer:
-    """One host buffer for loads that run one after another, kept between them.
-
-    It grows to the longest load and is not page-faulted in again for every load
-    (a fresh 64 MiB buffer costs about as much as the copy into it). Not shared
-    between threads: the synchronous path and the background thread own one each.
-    """
-
-    def __init__(self) -> None:
-        self._tensor: torch.Tensor | None = None
-
-    def take(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        """A tensor of ``shape`` (its first dimension may be shorter than before)."""
-        tensor = self._tensor
-        if tensor is None or tensor.dtype != dtype or tuple(tensor.shape[1:]) != tuple(shape[1:]):
-            tensor = None
-        if tensor is None or tensor.shape[0] < shape[0]:
-            tensor = self._tensor = torch.empty(tuple(shape), dtype=dtype)
-        return tensor[: shape[0]]
 
 
 class BackgroundLoads:
