@@ -16,7 +16,11 @@ is verified (asking the fetcher for the missing ones first), so:
   reader gets exactly the samples that end before range ``k`` and then the
   :class:`~mouthguard.errors.ShardDamagedError` (or tier error) naming the
   shard and the range; no range from ``k`` on is fetched any more, and a read
-  that needs one raises that error.
+  that needs one raises that error. Other processes are not kept waiting for
+  it: at the failure the record says "given up" from ``k`` on and the
+  download lock is released, so they read those ranges themselves -- even
+  while this process's reader is not asking (a DataLoader worker whose next
+  batch is not due), which otherwise deadlocks the workers.
 * **Cache.** When the last range has matched, the file becomes the cache entry
   (named by the whole shard's sha256) exactly as a whole download does. The
   whole-shard sha256 is not computed again on the way: the ranges tile the
