@@ -59,6 +59,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -73,6 +74,8 @@ Verify = Literal["stat", "always"]
 PROGRESS = ".progress"
 _HASH_CHUNK = 8 * 1024 * 1024
 _ATTEMPTS = 4
+#: How often a reader waiting for another process's download lock looks for its stream.
+_LOCK_POLL = 0.005
 
 
 class ShardFile:
@@ -130,25 +133,39 @@ class Reservation:
         self.name = name
         self.fd = fd
         self.tmp = tmp
-        self._lock = lock
+        self._lock = lock  # -1 once released
+
+    def release_lock(self) -> None:
+        """Let other processes download the entry while this one keeps its bytes.
+
+        For a download that gave up part-way (:mod:`~mouthguard.data.streamed`):
+        its verified part stays readable through :attr:`fd`, but it can never
+        be committed, so holding the lock would only make others wait for
+        nothing. Idempotent; the reservation must then be abandoned.
+        """
+        if self._lock >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock)
+            self._lock = -1
 
     def commit(self) -> ShardFile:
         """Insert the (verified) bytes as the entry; the open file, pinned, for the caller.
 
         If it fails, the entry is not inserted and the caller still owns :attr:`fd`.
         """
+        if self._lock < 0:
+            raise RuntimeError(f"{self.name}: the download lock was released: cannot commit")
         try:
             self.tmp.rename(self.cache.blobs / self.sha256)
         except BaseException:  # the caller still owns (and closes) the fd
             self.tmp.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                os.close(self._lock)
+            self.release_lock()
             raise
         # From the reservation's lock to a pin. flock converts by unlocking first: in
         # that instant an eviction may unlink the new blob. Our fd still reads the
         # verified bytes; the entry is merely downloaded again by its next user.
         fcntl.flock(self.fd, fcntl.LOCK_SH)
-        os.close(self._lock)
+        self.release_lock()
         self.cache.write_stamp(self.sha256, self.fd)
         return ShardFile(self.fd, self.size, self.name)
 
@@ -157,8 +174,7 @@ class Reservation:
         with contextlib.suppress(OSError):
             os.close(self.fd)
         self.tmp.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            os.close(self._lock)
+        self.release_lock()
 
 
 def hash_range(fd: int, start: int, size: int) -> str:
@@ -298,13 +314,25 @@ class ShardCache:
             raise
 
     def open_or_reserve(
-        self, sha256: str, size: int, *, name: str, must: bool
+        self,
+        sha256: str,
+        size: int,
+        *,
+        name: str,
+        must: bool,
+        meanwhile: Callable[[], ShardFile | None] | None = None,
     ) -> ShardFile | Reservation | None:
         """The entry ``sha256`` if it is here (verified, pinned), else a reservation to fill it.
 
         The reservation holds the entry's download lock until it is committed or
         abandoned: other processes asking for the entry wait for it, then find it.
         None: ``must`` is false and there is no room.
+
+        ``meanwhile``: while another process holds the lock, it is called every
+        :data:`_LOCK_POLL` seconds, and what it returns (not None) is returned at
+        once instead of waiting on. It lets a reader follow a download that
+        starts streaming after the lock was taken (:mod:`~mouthguard.data.follow`)
+        instead of waiting for the whole of it.
 
         Raises:
             TierError: space could not be reserved, or the entry kept changing.
@@ -317,7 +345,10 @@ class ShardCache:
                 self.locks / f"{sha256[:3]}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
             )
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+                other = self._lock_or(lock, meanwhile)
+                if other is not None:
+                    os.close(lock)
+                    return other
                 if (self.blobs / sha256).exists():
                     os.close(lock)
                     continue  # inserted while we waited for the lock: verify it above
@@ -330,6 +361,24 @@ class ShardCache:
                 return None
             return Reservation(self, sha256, size, name, *reserved, lock)
         raise TierError(f"{name}: cache entry kept changing under {self.root}")
+
+    @staticmethod
+    def _lock_or(lock: int, meanwhile: Callable[[], ShardFile | None] | None) -> ShardFile | None:
+        """Take ``lock`` (exclusive), or return what ``meanwhile`` found while it was held."""
+        if meanwhile is None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return None
+        while True:  # ends when the holder releases (done, given up, or dead) or a stream shows
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass
+            else:
+                return None
+            found = meanwhile()
+            if found is not None:
+                return found
+            time.sleep(_LOCK_POLL)
 
     def open_existing(self, sha256: str, size: int, name: str) -> ShardFile | None:
         """The entry ``sha256``, verified and pinned, if the cache holds it; never downloads."""

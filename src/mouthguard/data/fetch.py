@@ -32,6 +32,7 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mouthguard.data.cache import Reservation, ShardCache, ShardFile
@@ -201,28 +202,49 @@ class ShardSource:
         found = self.cache.open_existing(record.sha256, record.size, record.name)
         if found is not None:
             return found
-        followed = follow(
-            self.cache,
-            record.sha256,
-            table=record.ranges,
-            size=record.size,
-            name=record.name,
-            fallback=lambda: self._stream_now(key, record),
-        )
+        table, cache = record.ranges, self.cache
+
+        def follow_stream() -> ShardFile | None:
+            return follow(
+                cache,
+                record.sha256,
+                table=table,
+                size=record.size,
+                name=record.name,
+                fallback=lambda: self._stream_now(key, record),
+            )
+
+        followed = follow_stream()
         if followed is not None:
             return followed
-        return self._stream_own(key, record, must=must)
+        # The download lock may be taken by a process that has not written its record
+        # yet: keep looking for the record while waiting, not for the whole shard.
+        return self._stream_own(key, record, must=must, meanwhile=follow_stream)
 
     def _stream_now(self, key: str, record: ShardRecord) -> ShardFile:
+        # A follower falling back: the stream it followed stopped, so it does not
+        # follow again (a stale record could send it round); it waits for the lock.
         opened = self._stream_own(key, record, must=True)
         assert opened is not None  # must=True never gives up
         return opened
 
-    def _stream_own(self, key: str, record: ShardRecord, *, must: bool) -> ShardFile | None:
-        """Stream the shard in this process (or find it finished in the cache)."""
+    def _stream_own(
+        self,
+        key: str,
+        record: ShardRecord,
+        *,
+        must: bool,
+        meanwhile: Callable[[], ShardFile | None] | None = None,
+    ) -> ShardFile | None:
+        """Stream the shard in this process, or find it finished in the cache.
+
+        ``meanwhile``: see :meth:`~mouthguard.data.cache.ShardCache.open_or_reserve`.
+        """
         assert self.cache is not None
         assert record.ranges is not None
-        got = self.cache.open_or_reserve(record.sha256, record.size, name=record.name, must=must)
+        got = self.cache.open_or_reserve(
+            record.sha256, record.size, name=record.name, must=must, meanwhile=meanwhile
+        )
         if not isinstance(got, Reservation):
             return got
         try:

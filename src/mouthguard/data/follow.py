@@ -16,7 +16,12 @@ a sample once every range it touches says 1 (polling the record every
 millisecond while it waits). It falls back to the ordinary way -- taking the
 lock, hence the finished entry or a download of its own -- when the record
 says 2, or when the streaming process is gone (nobody holds the temporary
-file's lock any more) before the ranges it needs arrived. So a follower trusts
+file's lock any more) before the ranges it needs arrived. The streaming
+process writes 2 and releases the lock as soon as a range fails, not when its
+own reader meets the failure. The record is written just after the lock is
+taken; a reader that finds the lock taken and no record yet polls the lock
+and follows the record once it appears
+(:meth:`~mouthguard.data.cache.ShardCache.open_or_reserve`, ``meanwhile``). So a follower trusts
 exactly what the cache's stamps are trusted for: files in the private cache
 directory written by the training user's own processes.
 """

@@ -16,7 +16,11 @@ is verified (asking the fetcher for the missing ones first), so:
   reader gets exactly the samples that end before range ``k`` and then the
   :class:`~mouthguard.errors.ShardDamagedError` (or tier error) naming the
   shard and the range; no range from ``k`` on is fetched any more, and a read
-  that needs one raises that error.
+  that needs one raises that error. Other processes are not kept waiting for
+  it: at the failure the record says "given up" from ``k`` on and the
+  download lock is released, so they read those ranges themselves -- even
+  while this process's reader is not asking (a DataLoader worker whose next
+  batch is not due), which otherwise deadlocks the workers.
 * **Cache.** When the last range has matched, the file becomes the cache entry
   (named by the whole shard's sha256) exactly as a whole download does. The
   whole-shard sha256 is not computed again on the way: the ranges tile the
@@ -187,14 +191,18 @@ class StreamedShard(ShardFile):
                     errors.append(None)
         with self._cond:
             self._flight -= count
+            failed = False
             for j, error in enumerate(errors, start=k):
                 if error is not None:
                     self._state[j] = _PENDING
                     if j < self._failed_at:  # the earliest failure: the one readers meet first
                         self._error, self._failed_at = error, j
+                        failed = True
                 else:
                     self._state[j] = _DONE
                     self._left -= 1
+            if failed:
+                self._give_up_after_failure()
             self._cond.notify_all()
             finish = self._left == 0 and not self._closed and self._reservation is not None
             self._committing = finish
@@ -220,6 +228,31 @@ class StreamedShard(ShardFile):
             written = os.pwrite(self.fd, view, at)
             view, at = view[written:], at + written
         os.pwrite(self._record, bytes([VERIFIED]), k)  # after the bytes: followers read them
+
+    def _give_up_after_failure(self) -> None:
+        """Ranges from :attr:`_failed_at` on will never be fetched here: let others have them.
+
+        Called with the condition held. Without this, the download lock and a
+        record saying "not yet" would stay until this process's reader reached
+        the failed range and raised -- and a reader that is not asking (a
+        DataLoader worker waiting for its next request while the batch before
+        waits on this shard in another worker) never does: a deadlock. So the
+        record says "given up" for every range not verified from the failed one
+        on (followers read those the ordinary way), its name is removed (later
+        readers do not follow it), and the download lock is released (a reader
+        waiting on it downloads the shard itself). This process still serves
+        the ranges before the failed one from its file, and raises the error
+        for the others, as before.
+        """
+        if self._record >= 0:
+            for j in range(self._failed_at, len(self._state)):
+                if self._state[j] != _DONE:
+                    with contextlib.suppress(OSError):
+                        os.pwrite(self._record, bytes([GIVEN_UP]), j)
+            # The descriptor stays open: a fetch in flight still writes its byte into it.
+            self._record_path.unlink(missing_ok=True)
+        if self._reservation is not None and not self._committing:
+            self._reservation.release_lock()
 
     def _drop_record(self, give_up: bool) -> None:
         """Remove the record of ranges; ``give_up``: tell its followers first."""
