@@ -36,6 +36,9 @@ def test_tokens_are_identical_with_and_without_the_connector(run: dict[str, Any]
     reference = run["reference"]
     for phase in ("first", "second"):
         for name, got in run[phase].items():
+            if name == "A_one_token":
+                assert got["tokens"] == reference["A"]["tokens"][:1]
+                continue
             assert got["tokens"] == reference[name]["tokens"], (phase, name)
             assert len(got["tokens"]) == 12
 
@@ -50,6 +53,13 @@ def test_a_shared_prefix_loads_from_mouthguard_after_the_engine_cache_is_reset(
     assert first["B"]["loaded_tokens"] == SHARED_BLOCKS * 128
     assert first["B"]["failed_tokens"] == 0
     assert first["B"]["async_loads"] == 0  # this engine loads inside the forward
+
+
+def test_a_one_token_request_counts_the_load_of_its_only_step(run: dict[str, Any]) -> None:
+    # vLLM finishes it (request_finished) before the connector sees the step's output
+    one = run["first"]["A_one_token"]
+    assert one["loaded_tokens"] == SHARED_BLOCKS * 128  # A's 600 tokens: 4 full blocks
+    assert one["failed_tokens"] == 0
 
 
 def test_a_new_engine_process_reuses_the_blocks_on_disk(run: dict[str, Any]) -> None:

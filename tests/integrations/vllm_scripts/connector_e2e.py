@@ -6,7 +6,8 @@ Runs three engines one after another, each its own engine process, and writes
 
 1. with the connector on ``WORKDIR/kv``: prompts A and C (computed, saved), then the
    engine's prefix cache is reset and prompt B, which shares A's first 520 tokens,
-   is generated (its 4 full shared blocks can come from mouthguard);
+   is generated (its 4 full shared blocks can come from mouthguard); the prefix cache
+   is reset again and A is generated with ``max_tokens=1`` (its 4 blocks loaded);
 2. a new engine with the connector on the same directory, its options read from a
    mouthguard.toml's ``[kvcache]`` (``disk_dir`` relative to the file, and
    ``async_load = true``: loads run on the worker's thread while the request waits
@@ -67,10 +68,10 @@ def engine(model: Path, kv_dir: Path | None, config_file: Path | None = None) ->
     return start_engine(model, kv_transfer_config=transfer)
 
 
-def generate(llm: Any, name: str) -> dict[str, Any]:
+def generate(llm: Any, name: str, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     from vllm import SamplingParams  # noqa: PLC0415
 
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     output = llm.generate([{"prompt_token_ids": PROMPTS[name]}], params, use_tqdm=False)[0]
     counts = (output.kv_transfer_params or {}).get("mouthguard", {})
     return {"tokens": list(output.outputs[0].token_ids), **counts}
@@ -100,6 +101,10 @@ def main() -> None:
     first = {"A": generate(llm, "A"), "C": generate(llm, "C")}
     llm.reset_prefix_cache()
     first["B"] = generate(llm, "B")
+    # one token: the request finishes in its load's step, before the connector
+    # sees that step's output; its load must be counted all the same
+    llm.reset_prefix_cache()
+    first["A_one_token"] = generate(llm, "A", max_tokens=1)
     close_engine(llm)
     result["first"] = first
     result["files_after_first"] = sorted(p.name for p in kv_dir.iterdir())

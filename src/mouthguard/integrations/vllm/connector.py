@@ -21,7 +21,9 @@ scheduler process
     pages just allocated. ``build_connector_meta`` hands the step's loads, and the
     saves of every block that this step completes and the store lacks, to the workers.
     ``update_connector_output`` learns which loads failed; ``request_finished``
-    unpins and reports the request's counts in ``kv_transfer_params["mouthguard"]``.
+    unpins and reports the request's counts in ``kv_transfer_params["mouthguard"]``
+    (a sync load of a request that stops in its load's step is counted there, since
+    vLLM finishes that request before it hands the connector the step's output).
 worker process (one per rank)
     ``register_kv_caches`` opens the rank's store and the socket the scheduler asks.
     ``start_load_kv`` reads each planned prefix with ``get(view=True)`` and copies
@@ -52,6 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.v1.request import RequestStatus
 
 from mouthguard.errors import KVCacheError
 from mouthguard.integrations.vllm.channel import LookupClient, LookupServer, socket_path
@@ -322,6 +325,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         self._matched.pop(request.request_id, None)
         if tracked is None:
             return False, None
+        self._settle_sync_load(tracked, request)
         self._unpin(tracked)
         counts = {
             "loaded_tokens": tracked.loaded_tokens,
@@ -329,6 +333,29 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             "async_loads": tracked.async_loads,
         }
         return request.request_id in self._loading, {"mouthguard": counts}
+
+    def _settle_sync_load(self, tracked: _Tracked, request: Request) -> None:
+        """Count a sync load whose step's output this connector has not seen yet.
+
+        vLLM finishes a request that stops in the step its load ran in (``max_tokens=1``)
+        before it hands that step's output to :meth:`update_connector_output`, so the
+        load is still open here. Its outcome follows from how the request finished:
+        vLLM keeps a request whose load failed out of that step's stop checks (policy
+        ``"recompute"``: it is scheduled again, so it cannot finish in that step) or
+        finishes it with ``FINISHED_ERROR`` (policy ``"fail"``). So a request that
+        finished by its own output loaded every page, and one finished with an error
+        counts the load as failed. One aborted before the output (no tokens from
+        it) counts neither way: whether its load ran is not known here.
+        """
+        load = tracked.load
+        if load is None or tracked.load_async:  # an async load is settled by finished_recving
+            return
+        tracked.load = None
+        tokens = len(load.block_ids) * self._block
+        if request.status == RequestStatus.FINISHED_ERROR:
+            tracked.failed_tokens += tokens
+        elif request.status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_IGNORED):
+            tracked.loaded_tokens += tokens  # stopped, length-capped, repetition: by its output
 
     def _unpin(self, tracked: _Tracked) -> None:
         if tracked.pinned is None:
