@@ -4,14 +4,14 @@ vLLM runs its scheduler and its workers in different processes (one worker per
 tensor-parallel rank), and the KV blocks live where the paged buffers are: each
 worker owns a :class:`~mouthguard.kvcache.KVStore` for its rank. The scheduler
 still has to know, before it allocates, how much of a prompt those stores hold,
-and to pin and prefetch what it decides to load. So every worker serves four
+and to pin what it decides to load. So every worker serves four
 small calls on a Unix socket and the scheduler calls them:
 
 ==============  =======================================  ==================
 call            worker does                               scheduler gets
 ==============  =======================================  ==================
 ``lookup``      ``store.longest_prefix(tokens)``         tokens covered
-``pin``         ``store.pin(tokens)`` + ``prefetch``     tokens pinned, per rank
+``pin``         ``store.pin(tokens)``                    tokens pinned, per rank
 ``unpin``       ``store.unpin(tokens, n)``               nothing
 ==============  =======================================  ==================
 
@@ -53,7 +53,6 @@ class PrefixStore(Protocol):
     def longest_prefix(self, token_ids: Any) -> int: ...  # noqa: D102
     def pin(self, token_ids: Any) -> int: ...  # noqa: D102
     def unpin(self, token_ids: Any, tokens: int | None = None) -> None: ...  # noqa: D102
-    def prefetch(self, token_ids: Any) -> Any: ...  # noqa: D102
 
 
 def socket_dir() -> str:
@@ -128,12 +127,11 @@ class LookupServer:
         if op == "lookup":
             return self._store.longest_prefix(tokens)
         if op == "pin":
-            pinned = self._store.pin(tokens)
-            if pinned:
-                # disk and remote blocks come up to RAM while the scheduler's step
-                # runs, so the worker's get finds them there
-                self._store.prefetch(tokens[:pinned])
-            return pinned
+            # no prefetch: the worker's load reads these blocks right away (in this
+            # step's forward, or on its thread), and a prefetch racing it read every
+            # disk block a second time (counted: 42 extra disk reads for 3 loads of
+            # 15 blocks) and competed with it for the cores
+            return self._store.pin(tokens)
         if op == "unpin":
             self._store.unpin(tokens, int(header["tokens"]))
             return 0
@@ -195,7 +193,7 @@ class LookupClient:
         return min(self._ask("lookup", tokens))
 
     def pin(self, tokens: Sequence[int]) -> list[int]:
-        """Pin (and prefetch) the stored prefix on every rank; the tokens pinned, per rank.
+        """Pin the stored prefix on every rank; the tokens pinned, per rank.
 
         Pass ``tokens`` cut to what the scheduler will load, so no rank pins more.
         """

@@ -17,9 +17,10 @@ scheduler process
     (``False``: the load happens inside the next forward) or, with ``async_load``,
     asynchronously (``True``: vLLM parks the request in ``WAITING_FOR_REMOTE_KVS``
     until the worker reports it loaded). ``update_state_after_alloc``
-    pins those blocks and has them prefetched into RAM, and plans the load into the
-    pages just allocated. ``build_connector_meta`` hands the step's loads, and the
-    saves of every block that this step completes and the store lacks, to the workers.
+    pins those blocks (no prefetch: the load reads them at once, and a prefetch beside
+    it read each disk block twice) and plans the load into the pages just allocated.
+    ``build_connector_meta`` hands the step's loads, and the saves of every block
+    that this step completes and the store lacks, to the workers.
     ``update_connector_output`` learns which loads failed; ``request_finished``
     unpins and reports the request's counts in ``kv_transfer_params["mouthguard"]``
     (a sync load of a request that stops in its load's step is counted there, since
@@ -222,7 +223,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        """Track the request; plan, pin and prefetch its load when there is one."""
+        """Track the request; plan and pin its load when there is one."""
         req_id = request.request_id
         hit, stored_blocks, asynchronous = self._matched.pop(req_id, _Match(0, 0, False))
         tracked = self._tracked.get(req_id)
