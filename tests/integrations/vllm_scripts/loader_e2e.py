@@ -10,7 +10,11 @@ hub snapshot, and on the checkpoint, with a model directory that holds only
 each, the generated tokens, the top-5 log-probabilities of every prompt and
 generated position, and the seconds from ``LLM(...)`` to the first request's end,
 to ``WORKDIR/result.json``. A fourth start, on a copy of the checkpoint with one
-byte flipped, must fail: its error and the engine's log are written too.
+byte flipped, must fail: its error and the engine's log are written too. A fifth
+engine runs the checkpoint with tensor parallelism 2 (two worker processes, each
+loading its own slices) and the mouthguard KV connector on disk, and sends the
+prompts twice with vLLM's prefix cache reset in between, so that the second pass's
+full blocks come from the connector's per-rank stores.
 """
 
 from __future__ import annotations
@@ -83,6 +87,58 @@ def failed_start(model: Path, extra: dict[str, Any], log: Path) -> dict[str, Any
     return {"raised": raised, "log": log.read_text(errors="replace")[-20000:]}
 
 
+def cpu_bind(ranks: int) -> str | None:
+    """vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers, one CPU each.
+
+    vLLM binds each CPU worker's threads to a NUMA node and refuses more workers
+    than nodes; one CPU per worker, named explicitly, is what it asks for instead.
+    None when this process may run on fewer CPUs than ``ranks``.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    return "|".join(str(c) for c in cpus[:ranks]) if len(cpus) >= ranks else None
+
+
+def run_tensor_parallel(model: Path, store: Path, kv_dir: Path) -> dict[str, Any]:
+    """The checkpoint at tensor parallelism 2 with the KV connector; see the module docstring."""
+    bind = cpu_bind(2)
+    if bind is None:
+        return {"skipped": "fewer than 2 CPUs for 2 tensor-parallel workers"}
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    from vllm import SamplingParams  # noqa: PLC0415
+    from vllm.config import KVTransferConfig  # noqa: PLC0415
+
+    kv = KVTransferConfig(
+        kv_connector="MouthguardConnector",
+        kv_connector_module_path="mouthguard.integrations.vllm",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "disk_dir": str(kv_dir),
+            "memory_bytes": 1 << 20,
+            "disk_bytes": 1 << 28,
+        },
+    )
+    llm = start_engine(
+        model,
+        load_format="mouthguard",
+        model_loader_extra_config={"source": str(store), "run": "tiny", "step": 3},
+        tensor_parallel_size=2,
+        distributed_executor_backend="mp",
+        kv_transfer_config=kv,
+    )
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    requests = [{"prompt_token_ids": p} for p in PROMPTS]
+    first = llm.generate(requests, params, use_tqdm=False)
+    llm.reset_prefix_cache()
+    second = llm.generate(requests, params, use_tqdm=False)
+    close_engine(llm)
+    return {
+        "tokens": [list(o.outputs[0].token_ids) for o in first],
+        "tokens_again": [list(o.outputs[0].token_ids) for o in second],
+        "cached_again": [o.num_cached_tokens for o in second],
+        "rank_dirs": sorted(d.name for d in kv_dir.iterdir() if any(d.rglob("*"))),
+    }
+
+
 def main() -> None:
     quiet_engine()
     work = Path(sys.argv[1])
@@ -120,6 +176,8 @@ def main() -> None:
         "mouthguard_damaged": failed_start(
             config_only, {"source": str(damaged), "run": "tiny", "step": 3}, work / "damaged.log"
         ),
+        # Last: it sets the CPU binding in this process's environment for its workers.
+        "tensor_parallel": run_tensor_parallel(config_only, store, work / "kv"),
     }
     write_result(work / "result.json", result)
 
