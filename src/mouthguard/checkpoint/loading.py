@@ -40,7 +40,7 @@ from mouthguard.checkpoint.checking import (
     saved_suspect,
 )
 from mouthguard.checkpoint.info import CheckpointInfo, CopyInfo, LoadedCheckpoint, Rejection
-from mouthguard.checkpoint.mapped_load import map_copy
+from mouthguard.checkpoint.mapped_load import Receipt, map_copy
 from mouthguard.checkpoint.ranks import RankGroup
 from mouthguard.checkpoint.reader import load_copy, read_manifest
 from mouthguard.checkpoint.sidecars import (
@@ -93,8 +93,16 @@ class Loader:
     #: ones. Only for tiers whose files are never rewritten in place (peer memory).
     mapped: bool = False
     #: Manifests already read and validated (with ``keys``) by the caller, by step:
-    #: used instead of reading them again (a peer resume parses its step's once).
+    #: used instead of reading them again (a peer resume parses its step's once),
+    #: and the step's files are looked for on every tier of ``store``.
     known: Mapping[int, Manifest] = field(default_factory=dict, hash=False)
+    #: Files this process received and verified in this load (peer memory's fetch):
+    #: a mapped load does not hash them again (see mapped_load's "verified at receipt").
+    received: frozenset[Receipt] = frozenset()
+    #: Why this rank already knows its part cannot load (a fetch that failed its
+    #: checksum): it still takes part in the load's agreement, as a damaged copy,
+    #: so every rank learns of it there rather than in a collective of its own.
+    unloadable: str = ""
 
     def first_valid(
         self,
@@ -222,6 +230,9 @@ class Loader:
         self, step: int, into: object, rejected: builtins.list[Rejection], *, fallback: bool
     ) -> LoadedCheckpoint | None:
         prefix = catalog.checkpoint_prefix(self.run, step)
+        if self.unloadable:
+            rejected.append(Rejection(step, "-", self.unloadable))
+            return None
         for tier in self._tiers_holding(step):
             try:
                 manifest = self.known.get(step) or read_manifest(tier, self.run, step, self.keys)
@@ -229,7 +240,13 @@ class Loader:
                     return None
                 if self.mapped and isinstance(tier, LocalTier):
                     state = map_copy(
-                        tier, prefix, manifest, rank=self.ranks.rank, into=into, device=self.device
+                        tier,
+                        prefix,
+                        manifest,
+                        rank=self.ranks.rank,
+                        into=into,
+                        device=self.device,
+                        received=self.received,
                     )
                 else:
                     state = load_copy(
@@ -296,6 +313,11 @@ class Loader:
             _report_damage(ref, str(exc))
 
     def _tiers_holding(self, step: int) -> builtins.list[Tier]:
+        if step in self.known:
+            # The caller holds the validated manifest: the files are looked for on
+            # every tier, even one whose manifest is not written yet (a peer resume
+            # commits a node's manifest only once every rank loaded its file).
+            return builtins.list(self.store.tiers)
         return catalog.tiers_holding(self.store.tiers, self.run, step)
 
 

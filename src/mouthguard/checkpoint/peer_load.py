@@ -5,13 +5,18 @@ On every rank (one collective sequence)::
     gather   each rank's node inventory: complete steps and whose rank files they hold
     choose   the newest step for which every rank's file is held somewhere
              (:func:`choose`; the same answer on every rank)
-    gather   that step's manifest from the lowest rank holding it
+    gather   that step's manifest from the lowest rank holding it -- only when a
+             file must cross nodes or a node lacks the manifest; otherwise each
+             rank's load reads its own node's
     copy     each rank whose node lacks its file receives it from a holder
-             (peer_transfer), checked against the manifest's checksum
-    commit   a node that lacked the manifest writes it (its lowest rank)
+             (peer_transfer), checked against the manifest's checksum; a
+             mismatch is this rank's failure, reported in the load's agreement
     load     every rank maps its file from its own node's area, copy-on-write,
-             and checks every byte's checksum through that mapping before the
-             state (views of it) is handed out (mapped_load)
+             and checks every byte's checksum through that mapping -- except a
+             file it received and verified just now -- before the state (views
+             of it) is handed out (mapped_load); the ranks agree on the result
+    commit   once every rank loaded, a node that lacked the manifest writes it
+             (its lowest rank; no collective: the agreement said every file is there)
 
 A rank whose node kept its file (the survivors) reads it from there; nothing
 crosses the network for it.
@@ -20,6 +25,7 @@ crosses the network for it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
 from dataclasses import dataclass, field
 
@@ -27,14 +33,17 @@ from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.committer import gather
 from mouthguard.checkpoint.info import LoadedCheckpoint, Rejection
 from mouthguard.checkpoint.loading import Loader
+from mouthguard.checkpoint.mapped_load import Receipt
 from mouthguard.checkpoint.peer_tier import PeerTier
 from mouthguard.checkpoint.peer_transfer import Transfer
 from mouthguard.checkpoint.reader import validated_manifest
 from mouthguard.checkpoint.store import Store
-from mouthguard.errors import CheckpointFallbackWarning, MouthguardError
+from mouthguard.errors import CheckpointFallbackWarning, CorruptCheckpointError, MouthguardError
 from mouthguard.format.manifest import Manifest
 from mouthguard.format.typed_json import JsonValue
 from mouthguard.tiers.key_material import Keyring
+
+log = logging.getLogger(__name__)
 
 #: One node's inventory: step -> the ranks whose files its area holds (complete steps only).
 Inventory = dict[int, list[int]]
@@ -49,11 +58,18 @@ class Choice:
         sources: for each rank, the rank whose node holds its file (a rank of its
             own domain when there is one: a local read).
         lost: newer steps than ``step`` and the ranks none of whose copies is left.
+        lacking: the ranks whose node's area does not hold ``step`` complete
+            (no manifest there): the manifest must travel to them.
     """
 
     step: int | None
     sources: dict[int, int] = field(default_factory=dict)
     lost: dict[int, list[int]] = field(default_factory=dict)
+    lacking: tuple[int, ...] = ()
+
+    def transfers_needed(self, domains: list[str]) -> bool:
+        """Whether some rank's file must come from another node."""
+        return any(domains[src] != domains[rank] for rank, src in self.sources.items())
 
 
 def choose(inventories: list[Inventory], domains: list[str]) -> Choice:
@@ -83,7 +99,8 @@ def choose(inventories: list[Inventory], domains: list[str]) -> Choice:
             else:
                 missing.append(rank)
         if not missing:
-            return Choice(step, sources, lost)
+            lacking = tuple(q for q in range(world) if step not in inventories[q])
+            return Choice(step, sources, lost, lacking)
         lost[step] = missing
     return Choice(None, {}, lost)
 
@@ -105,21 +122,43 @@ def survey(peers: PeerTier, run: str) -> Choice:
     return choose(inventories, peers.domains)
 
 
-def gather_step(peers: PeerTier, run: str, choice: Choice, keys: Keyring | None) -> Manifest:
-    """Put ``choice.step`` together in every node's area; its manifest (a collective).
+@dataclass(frozen=True)
+class Fetched:
+    """What :func:`fetch_step` put in this rank's node area.
 
-    The manifest is parsed and validated once, here (signed with ``keys`` when
-    given), and the load uses it as it is.
+    Attributes:
+        manifest: the step's manifest, parsed and validated (None: this rank's
+            load reads its own node's).
+        raw: its bytes, for a node that lacks it (None with ``manifest``).
+        received: receipts of the files this rank received and verified.
+        failure: why this rank's part cannot load ("" when it can).
+    """
+
+    manifest: Manifest | None
+    raw: bytes | None = None
+    received: frozenset[Receipt] = frozenset()
+    failure: str = ""
+
+
+def fetch_step(peers: PeerTier, run: str, choice: Choice, keys: Keyring | None) -> Fetched:
+    """Put ``choice.step``'s rank files in every node's area (a collective).
+
+    The manifest travels (one gather, from the lowest rank serving a file) only
+    when a file must cross nodes or some node lacks it; it is then parsed and
+    validated once, here (signed with ``keys`` when given), and the load uses it
+    as it is. A received file whose checksum is wrong is this rank's failure
+    (:attr:`Fetched.failure`), not an exception: the peers learn of it in the
+    load's agreement instead of a collective of its own.
 
     Raises:
-        ManifestError, SignatureError: the manifest is not valid.
-        CorruptCheckpointError: a fetched file's bytes do not match the manifest.
+        ManifestError, SignatureError: the manifest is not valid (on every rank).
         RankLostError: a peer died or did not answer within the timeout.
     """
     step = choice.step
     assert step is not None
+    if not choice.lacking and not choice.transfers_needed(peers.domains):
+        return Fetched(None)
     me = peers.ranks.rank
-    # One copy of the manifest travels: from the lowest rank serving any file.
     sender = min(choice.sources.values())
 
     def manifest_text() -> JsonValue:
@@ -136,9 +175,11 @@ def gather_step(peers: PeerTier, run: str, choice: Choice, keys: Keyring | None)
         if peers.domains[src] != peers.domains[rank]
     ]
     checksums = {f.name: f.checksum for f in manifest.files}
-    gather(peers.ranks, lambda: peers.fetch(run, step, transfers, checksums))
-    gather(peers.ranks, lambda: peers.commit_manifest(run, step, raw))
-    return manifest
+    try:
+        received = peers.fetch(run, step, transfers, checksums)
+    except CorruptCheckpointError as exc:
+        return Fetched(manifest, raw, failure=str(exc))
+    return Fetched(manifest, raw, frozenset(received))
 
 
 def resume_from_peers(
@@ -170,20 +211,41 @@ def resume_from_peers(
     if step is None or fallback == "the store":
         return None
     try:
-        manifest = gather_step(peers, run, choice, loader.keys)
+        fetched = fetch_step(peers, run, choice, loader.keys)
         # The area is memory and its files are never rewritten in place: the state
         # is handed out as views of a private mapping, hashed once (mapped_load).
         local = dataclasses.replace(
-            loader, store=Store([peers.area.tier]), mapped=True, known={step: manifest}
+            loader,
+            store=Store([peers.area.tier]),
+            mapped=True,
+            known={} if fetched.manifest is None else {step: fetched.manifest},
+            received=fetched.received,
+            unloadable=fetched.failure,
         )
         rejected: list[Rejection] = []
-        return local.first_valid([step], None, into, rejected)
+        loaded = local.first_valid([step], None, into, rejected)
     except MouthguardError as exc:
         _warn(
             f"checkpoint {run} step {step} could not be loaded from peer memory ({exc}); "
             "falling back to the store"
         )
         return None
+    if fetched.raw is not None and peers.ranks.rank in choice.lacking:
+        _commit(peers, run, step, fetched.raw)
+    return loaded
+
+
+def _commit(peers: PeerTier, run: str, step: int, raw: bytes) -> None:
+    """Make ``step`` complete in this node's area (its lowest rank writes the manifest).
+
+    Every rank loaded and verified its file (the agreement), so the node's files
+    are in place. A failure here costs only this node's copy of the step (the
+    next failure cannot resume from it here), not the load: it is logged.
+    """
+    try:
+        peers.commit_manifest(run, step, raw)
+    except MouthguardError as exc:
+        log.warning("peer memory: %s step %d not committed on this node: %s", run, step, exc)
 
 
 def _warn(message: str) -> None:

@@ -31,6 +31,7 @@ from mouthguard.checkpoint.committer import (
     records_from_json,
     records_json,
 )
+from mouthguard.checkpoint.mapped_load import Receipt
 from mouthguard.checkpoint.peer_memory import NodeArea, PeerMemory
 from mouthguard.checkpoint.peer_placement import detect_domain, domains_from_map, holders
 from mouthguard.checkpoint.peer_transfer import PeerLink, Transfer
@@ -118,15 +119,19 @@ class PeerTier:
 
     def fetch(
         self, run: str, step: int, transfers: list[Transfer], checksums: dict[str, str]
-    ) -> None:
+    ) -> list[Receipt]:
         """Run ``transfers`` of ``step``'s files; keep what this rank receives once verified.
+
+        Returns a :class:`~mouthguard.checkpoint.mapped_load.Receipt` of each file
+        this rank received, taken right after it was renamed in: the caller's
+        load of it need not hash it again.
 
         Raises:
             CorruptCheckpointError: a received file's checksum is not ``checksums[name]``.
             RankLostError: a peer died or did not answer within the timeout.
         """
         if self.link is None or not transfers:
-            return
+            return []
         directory = self.area.step_path(run, step)
         directory.mkdir(parents=True, exist_ok=True)
 
@@ -136,6 +141,7 @@ class PeerTier:
         digests = self.link.exchange(
             transfers, lambda t: directory / t.name, part, self.config.chunk_bytes
         )
+        receipts: list[Receipt] = []
         for t, digest in digests.items():
             if digest != checksums[t.name]:
                 part(t).unlink(missing_ok=True)
@@ -144,6 +150,10 @@ class PeerTier:
                     f"arrived as {digest}, sent as {checksums[t.name]}"
                 )
             part(t).replace(directory / t.name)
+            receipts.append(
+                Receipt.of(self.area.tier.path_of(catalog.checkpoint_prefix(run, step) + t.name))
+            )
+        return receipts
 
     def commit_manifest(self, run: str, step: int, raw: bytes) -> None:
         """The node's lowest rank writes the manifest, create-only (the step's commit here).
