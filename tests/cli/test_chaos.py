@@ -80,7 +80,7 @@ def test_table_output_and_keep(tmp_path: Path) -> None:
 def test_a_violation_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mouthguard.checkpoint import reader  # noqa: PLC0415
 
-    monkeypatch.setattr(reader, "_verify_digest", lambda hasher, record: None)
+    monkeypatch.setattr(reader, "verify_digest", lambda hasher, record: None)
     store = _store(tmp_path)
     buf = io.StringIO()
     args = _parse("--rounds", "6", "--faults", "torn=0.5,keys=rank-", "--seed", "2")

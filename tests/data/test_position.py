@@ -8,7 +8,17 @@ from mouthguard.data.position import Position
 
 
 def test_at_changes_only_the_count() -> None:
-    start = Position("sha256:ab", 3, 10, 7, True, 4, 1, 2)
+    start = Position(
+        "sha256:ab",
+        epoch=3,
+        consumed=10,
+        seed=7,
+        shuffle=True,
+        shuffle_window=4,
+        shuffle_buffer=64,
+        rank=1,
+        world_size=2,
+    )
     moved = start.at(11)
     assert moved == replace(start, consumed=11)
     assert [
