@@ -8,6 +8,7 @@ by default; nothing here widens it.
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 from dataclasses import dataclass
@@ -54,8 +55,21 @@ def _server(app: Starlette) -> uvicorn.Server:
 
 
 def serve_forever(app: Starlette, sock: socket.socket) -> None:
-    """Serve ``app`` on ``sock`` in this thread until interrupted (Ctrl-C, SIGTERM)."""
-    _server(app).run(sockets=[sock])
+    """Serve ``app`` on ``sock`` in this thread until interrupted (Ctrl-C, SIGTERM).
+
+    Raises:
+        KeyboardInterrupt: after a graceful shutdown that a SIGINT started.
+    """
+    server = _server(app)
+    server.run(sockets=[sock])
+    # uvicorn shuts down on SIGINT, then raises the signal again so that the process
+    # ends as Ctrl-C asks. Under asyncio.run that second SIGINT reaches asyncio's own
+    # handler, which cancels the main task instead of raising, and the interrupt has
+    # to survive that task's last steps to come out of run(). Once, under load, it
+    # did not: run() returned and the process ended 0 instead of 130 (which path lost
+    # it is not established). What uvicorn captured decides here instead.
+    if signal.SIGINT in getattr(server, "_captured_signals", ()):
+        raise KeyboardInterrupt
 
 
 class DashboardThread:
