@@ -25,8 +25,9 @@ def _returning_after(captured: list[int]) -> Callable[..., None]:
 def test_a_captured_sigint_comes_out_as_keyboard_interrupt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # uvicorn raises a captured SIGINT again after shutting down; where that is lost
-    # and run() returns, serve_forever still ends as Ctrl-C asks (main maps it to 130).
+    # uvicorn raises a captured SIGINT again after shutting down; where the process
+    # ignores SIGINT (started as a background job) that is lost and run() returns:
+    # serve_forever still ends as Ctrl-C asks (main maps it to 130).
     monkeypatch.setattr(uvicorn.Server, "run", _returning_after([signal.SIGINT]))
     with socket.socket() as sock, pytest.raises(KeyboardInterrupt):
         server.serve_forever(Starlette(), sock)

@@ -62,12 +62,12 @@ def serve_forever(app: Starlette, sock: socket.socket) -> None:
     """
     server = _server(app)
     server.run(sockets=[sock])
-    # uvicorn shuts down on SIGINT, then raises the signal again so that the process
-    # ends as Ctrl-C asks. Under asyncio.run that second SIGINT reaches asyncio's own
-    # handler, which cancels the main task instead of raising, and the interrupt has
-    # to survive that task's last steps to come out of run(). Once, under load, it
-    # did not: run() returned and the process ended 0 instead of 130 (which path lost
-    # it is not established). What uvicorn captured decides here instead.
+    # uvicorn shuts down on SIGINT, then restores the handler it found and raises the
+    # signal again so that the process ends as Ctrl-C asks. A process started with
+    # SIGINT ignored (a background job of a non-interactive shell, as CI's parallel
+    # lanes are) gets SIG_IGN back, the second SIGINT is ignored, and run() returns as
+    # if the server had simply stopped: exit 0 instead of 130. What uvicorn captured
+    # decides here instead.
     if signal.SIGINT in getattr(server, "_captured_signals", ()):
         raise KeyboardInterrupt
 
