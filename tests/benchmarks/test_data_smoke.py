@@ -57,11 +57,13 @@ def sections(report: str) -> dict[str, list[str]]:
 
 
 # One benchmark run serves every test here: keep them on one xdist worker
-# (`--dist loadgroup`), or each worker that gets one would run it again.
+# (`--dist loadgroup`), or each worker that gets one would run it again. The
+# fixture is session-scoped because a worker may run other modules' tests between
+# these, which would tear a module-scoped one down and run the benchmark twice.
 pytestmark = pytest.mark.xdist_group("bench-data")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def report(tmp_path_factory: pytest.TempPathFactory) -> str:
     tmp = tmp_path_factory.mktemp("bench-data")
     out, work = tmp / "bench-data.md", tmp / "work"

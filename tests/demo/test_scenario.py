@@ -50,7 +50,13 @@ class DemoRun:
     store: Path
 
 
-@pytest.fixture(scope="module")
+# One demo run serves every test here: one xdist worker runs them all, and the
+# fixture is session-scoped so that other modules' tests run between these on that
+# worker do not tear it down (each demo run is about a minute of CI).
+pytestmark = pytest.mark.xdist_group("demo-scenario")
+
+
+@pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """One real ``run_demo`` on a fresh store, capturing its report and events."""
     store = tmp_path_factory.mktemp("demo") / "store"
