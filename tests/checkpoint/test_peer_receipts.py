@@ -206,3 +206,37 @@ def test_a_resume_hashes_each_received_file_once_in_five_collectives(tmp_path: P
         assert second["collectives"] == 4, second
     # The replaced node committed the step again once every rank had loaded it.
     assert (tmp_path / "shm" / "node-n1" / RUN / f"{1:012d}" / "manifest.json").exists()
+
+
+def _save_milestone(rank: int, world_size: int, root: str) -> None:
+    _checkpointer(root).save(1, _state(rank), "milestone")  # in the store and peer memory
+
+
+def _resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    import warnings  # noqa: PLC0415 - in the child
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = _checkpointer(root).load()
+    return {
+        "tier": loaded.tier,
+        "exact": bool(torch.equal(loaded.state["w"], _state(rank)["w"])),  # type: ignore[index]
+        "warnings": [str(w.message) for w in caught],
+    }
+
+
+@pytest.mark.slow
+def test_a_survivor_whose_own_file_was_damaged_gets_no_receipt(tmp_path: Path) -> None:
+    run_distributed(_save_milestone, WORLD, str(tmp_path), timeout=90.0)
+    shutil.rmtree(tmp_path / "shm" / "node-n1")  # files cross nodes: survivors hash meanwhile
+    kept = tmp_path / "shm" / "node-n0" / RUN / f"{1:012d}" / "rank-00000.safetensors"
+    with kept.open("r+b") as f:  # one bit, in place: the same inode and size
+        f.seek(-1, 2)
+        last = f.read(1)[0]
+        f.seek(-1, 2)
+        f.write(bytes([last ^ 0x01]))
+    for rank, r in enumerate(run_distributed(_resume, WORLD, str(tmp_path), timeout=90.0)):
+        # Rank 0's hash during the transfer found the flip: no receipt, so its load
+        # hashed the file, refused it, and every rank went to the store together.
+        assert r["tier"] == "local" and r["exact"], (rank, r)
+        assert any("could not be loaded from peer memory" in w for w in r["warnings"]), r
