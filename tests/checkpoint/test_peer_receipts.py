@@ -1,7 +1,9 @@
-"""A peer resume's remaining costs: a file received in this load is hashed once, and the
-resume runs few collectives.
+"""A peer resume's remaining costs: a file received in this load is hashed once, a
+survivor's own file is hashed once (while the transfers run), and the resume runs
+few collectives.
 
-The single-process tests map a committed checkpoint with and without a receipt;
+The single-process tests map a committed checkpoint with and without a receipt,
+and take receipts by hashing a file in place;
 the multi-rank test resumes a real 4-rank gloo job whose second node lost its
 area, counting the bytes map_copy hashed and the collectives of the checkpoint
 group (TorchRanks.all_gather calls).
@@ -18,7 +20,7 @@ import torch
 
 import mouthguard
 from mouthguard.checkpoint import catalog, mapped_load
-from mouthguard.checkpoint.mapped_load import Receipt, map_copy
+from mouthguard.checkpoint.mapped_load import Receipt, hashed_receipt, map_copy
 from mouthguard.checkpoint.reader import read_manifest
 from mouthguard.errors import ChecksumMismatchError
 from mouthguard.format.manifest import Manifest
@@ -87,6 +89,47 @@ def test_a_receipt_names_one_file_not_its_contents(tmp_path: Path) -> None:
     assert _counts()[0] == hashed + manifest.files[0].size
 
 
+def test_a_file_hashed_in_place_gets_a_receipt_only_when_every_byte_matches(
+    tmp_path: Path,
+) -> None:
+    tier, prefix, manifest, path = _saved(tmp_path)
+    record = manifest.files[0]
+    hashed, trusted = _counts()
+    receipt = hashed_receipt(path, record)
+    assert receipt == Receipt.of(path)
+    assert _counts() == (hashed + record.size, trusted)
+    # The load that took it maps the file without hashing it again: once in all.
+    state: Any = map_copy(tier, prefix, manifest, received={receipt})
+    assert _counts() == (hashed + record.size, trusted + 1)
+    assert torch.equal(state["w"], torch.arange(4096, dtype=torch.float32))
+
+    _flip_by_replacing(path)
+    assert hashed_receipt(path, record) is None
+    assert hashed_receipt(tmp_path / "missing.safetensors", record) is None
+    with pytest.raises(ChecksumMismatchError):  # the earlier receipt names the old inode
+        map_copy(tier, prefix, manifest, received={receipt})
+
+
+def test_a_file_replaced_while_it_is_hashed_gets_no_receipt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, manifest, path = _saved(tmp_path)
+    real = mapped_load._hashed
+
+    def rewritten_meanwhile(mapped: Any, record: Any) -> Any:
+        hasher = real(mapped, record)
+        # The same bytes renamed in while the hashed inode is still mapped: a new inode.
+        spare = path.with_name(path.name + ".new")
+        spare.write_bytes(path.read_bytes())
+        spare.replace(path)
+        return hasher
+
+    monkeypatch.setattr(mapped_load, "_hashed", rewritten_meanwhile)
+    assert hashed_receipt(path, manifest.files[0]) is None
+    monkeypatch.undo()
+    assert hashed_receipt(path, manifest.files[0]) == Receipt.of(path)  # the bytes are fine
+
+
 WORLD = 4
 DOMAINS = {0: "n0", 1: "n0", 2: "n1", 3: "n1"}
 
@@ -150,8 +193,9 @@ def test_a_resume_hashes_each_received_file_once_in_five_collectives(tmp_path: P
         assert first["tier"] == second["tier"] == "peers"
         assert first["exact"] and second["exact"]
         received = rank in (2, 3)
-        # A received file was hashed as it arrived, not again; a kept one is hashed.
-        assert (first["trusted"], first["hashed"] > 0) == (int(received), not received)
+        # A received file was hashed as it arrived, a kept one while the transfers
+        # ran (hashed_receipt, counted with map_copy's): neither is hashed again.
+        assert (first["trusted"], first["hashed"] > 0) == (1, not received)
         # The store's candidates, inventory, manifest (a node lacks it), suspect check,
         # agreement: the fetch's and the commit's gathers are gone (the manifest here
         # is under TorchRanks' inline bound, so it is one all_gather).
@@ -162,3 +206,37 @@ def test_a_resume_hashes_each_received_file_once_in_five_collectives(tmp_path: P
         assert second["collectives"] == 4, second
     # The replaced node committed the step again once every rank had loaded it.
     assert (tmp_path / "shm" / "node-n1" / RUN / f"{1:012d}" / "manifest.json").exists()
+
+
+def _save_milestone(rank: int, world_size: int, root: str) -> None:
+    _checkpointer(root).save(1, _state(rank), "milestone")  # in the store and peer memory
+
+
+def _resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    import warnings  # noqa: PLC0415 - in the child
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = _checkpointer(root).load()
+    return {
+        "tier": loaded.tier,
+        "exact": bool(torch.equal(loaded.state["w"], _state(rank)["w"])),  # type: ignore[index]
+        "warnings": [str(w.message) for w in caught],
+    }
+
+
+@pytest.mark.slow
+def test_a_survivor_whose_own_file_was_damaged_gets_no_receipt(tmp_path: Path) -> None:
+    run_distributed(_save_milestone, WORLD, str(tmp_path), timeout=90.0)
+    shutil.rmtree(tmp_path / "shm" / "node-n1")  # files cross nodes: survivors hash meanwhile
+    kept = tmp_path / "shm" / "node-n0" / RUN / f"{1:012d}" / "rank-00000.safetensors"
+    with kept.open("r+b") as f:  # one bit, in place: the same inode and size
+        f.seek(-1, 2)
+        last = f.read(1)[0]
+        f.seek(-1, 2)
+        f.write(bytes([last ^ 0x01]))
+    for rank, r in enumerate(run_distributed(_resume, WORLD, str(tmp_path), timeout=90.0)):
+        # Rank 0's hash during the transfer found the flip: no receipt, so its load
+        # hashed the file, refused it, and every rank went to the store together.
+        assert r["tier"] == "local" and r["exact"], (rank, r)
+        assert any("could not be loaded from peer memory" in w for w in r["warnings"]), r

@@ -151,13 +151,14 @@ def s3_server() -> Iterator[S3Server]:
             secret_key=endpoint.secret_key,
             region=endpoint.region,
             is_local_ceph=True,
-            version=_ceph_version(),
+            version=ceph_version(),
         )
     finally:
         cluster.stop()
 
 
-def _ceph_version() -> str:
+def ceph_version() -> str:
+    """What ``ceph --version`` says of the installed Ceph ("unknown" when it cannot say)."""
     import subprocess  # noqa: PLC0415 - only needed for the local server
 
     with contextlib.suppress(OSError, subprocess.SubprocessError):

@@ -12,17 +12,20 @@ Contract:
   against the manifest, and the checksum of every byte (read through the
   mapping the tensors view) are checked before any tensor is handed out; a
   mismatch raises and unmaps, so the caller falls back as with a read.
-* **Verified at receipt**: the one exception to hashing every byte is a file
-  the caller received itself in the same load, hashed chunk by chunk as it
-  arrived and renamed in only because that digest was the manifest's (peer
-  memory's fetch). The caller passes a :class:`Receipt` of each such file,
-  taken in memory right after the rename; a file whose opened inode, size and
-  times match its receipt is not hashed a second time (its header still is
-  checked). Receipts are never read from disk, so nothing another process
-  left in the area is trusted: every file without a matching receipt is
-  hashed. The window this leaves -- between the rename and the mapping, the
-  file could be rewritten in place without changing its inode or size (a
-  write through a shared mapping need not update its times) -- is inside the
+* **Verified at receipt**: the one exception to hashing every byte here is a
+  file the caller verified itself earlier in the same load: one it received,
+  hashed chunk by chunk as it arrived and renamed in only because that digest
+  was the manifest's (peer memory's fetch), or one it hashed in place with
+  :func:`hashed_receipt` (a survivor's own file, hashed while the transfers
+  run). The caller passes a :class:`Receipt` of each such file, taken in
+  memory (right after the rename; before the hash, checked again after it); a
+  file whose opened inode, size and times match its receipt is not hashed a
+  second time (its header still is checked). Receipts are never read from
+  disk, so nothing another process left in the area is trusted: every file
+  without a matching receipt is hashed. The window this leaves -- between the
+  receipt (the rename, or the end of the hash) and the mapping, the file could
+  be rewritten in place without changing its inode or size (a write through a
+  shared mapping need not update its times) -- is inside the
   node's private area, writable only by this user, who could as well rewrite
   the manifest there; it is the same trust the survivors' files get between
   their save and this load, closed by hashing them again only because nothing
@@ -191,17 +194,51 @@ def verify_mapped(
         RankFileError: the header disagrees with the manifest.
         ChecksumMismatchError: a byte differs from what was committed.
     """
-    hasher = StreamHasher(with_sha256=record.sha256 is not None)
     with memoryview(mapped) as whole:
         check_header(bytes(whole[: record.data_offset]), record, tensors)
         if not hash_bytes:
             counters.trusted_files += 1
             return
-        counters.hashed_bytes += record.size
+    verify_digest(_hashed(mapped, record), record)
+
+
+def _hashed(mapped: mmap.mmap, record: FileRecord) -> StreamHasher:
+    """A hasher fed ``record.size`` bytes of ``mapped``, a view at a time (no copy)."""
+    hasher = StreamHasher(with_sha256=record.sha256 is not None)
+    counters.hashed_bytes += record.size
+    with memoryview(mapped) as whole:
         for start in range(0, record.size, HASH_CHUNK_BYTES):
             with whole[start : start + HASH_CHUNK_BYTES] as chunk:
                 hasher.update(chunk)
-    verify_digest(hasher, record)
+    return hasher
+
+
+def hashed_receipt(path: str | os.PathLike[str], record: FileRecord) -> Receipt | None:
+    """Hash the file at ``path`` now: its :class:`Receipt` if every byte is ``record``'s.
+
+    For a file this process will load in the same load without having received
+    it (peer memory's survivor: its own file, hashed while its node's transfers
+    are on the wire): the receipt is taken from the descriptor before the hash
+    and the file's ``lstat`` compared with it after, so a file replaced, resized
+    or written through ``write(2)`` meanwhile gets none. ``None`` (a mismatch, a
+    change, a file that cannot be opened) costs only this hash: :func:`map_copy`
+    then hashes the file itself and raises what it finds. The receipt vouches
+    for the bytes under the same terms as one of a received file (module doc).
+    """
+    try:
+        with open(path, "rb") as handle:
+            before = Receipt.from_stat(path, os.fstat(handle.fileno()))
+            if before.size != record.size or record.size == 0:
+                return None
+            mapped = mmap.mmap(handle.fileno(), record.size, access=mmap.ACCESS_READ)
+        with mapped:
+            hasher = _hashed(mapped, record)
+        if Receipt.of(path) != before:
+            return None
+        verify_digest(hasher, record)
+    except (OSError, ChecksumMismatchError):
+        return None
+    return before
 
 
 def tensor_view(

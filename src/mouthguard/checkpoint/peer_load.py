@@ -13,8 +13,10 @@ On every rank (one collective sequence)::
              mismatch is this rank's failure, reported in the load's agreement
     load     every rank maps its file from its own node's area, copy-on-write,
              and checks every byte's checksum through that mapping -- except a
-             file it received and verified just now -- before the state (views
-             of it) is handed out (mapped_load); the ranks agree on the result
+             file it verified earlier in this load: one it received, or (a
+             survivor, while the copies were on the wire) its own file hashed
+             in place -- before the state (views of it) is handed out
+             (mapped_load); the ranks agree on the result
     commit   once every rank loaded, a node that lacked the manifest writes it
              (its lowest rank; no collective: the agreement said every file is there)
 
@@ -27,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from mouthguard.checkpoint import catalog
 from mouthguard.checkpoint.committer import gather
 from mouthguard.checkpoint.info import LoadedCheckpoint, Rejection
 from mouthguard.checkpoint.loading import Loader
-from mouthguard.checkpoint.mapped_load import Receipt
+from mouthguard.checkpoint.mapped_load import Receipt, hashed_receipt
 from mouthguard.checkpoint.peer_tier import PeerTier
 from mouthguard.checkpoint.peer_transfer import Transfer
 from mouthguard.checkpoint.reader import validated_manifest
@@ -130,7 +133,8 @@ class Fetched:
         manifest: the step's manifest, parsed and validated (None: this rank's
             load reads its own node's).
         raw: its bytes, for a node that lacks it (None with ``manifest``).
-        received: receipts of the files this rank received and verified.
+        received: receipts of the files this rank verified in this load: those it
+            received, and a survivor's own file hashed while the transfers ran.
         failure: why this rank's part cannot load ("" when it can).
     """
 
@@ -175,11 +179,22 @@ def fetch_step(peers: PeerTier, run: str, choice: Choice, keys: Keyring | None) 
         if peers.domains[src] != peers.domains[rank]
     ]
     checksums = {f.name: f.checksum for f in manifest.files}
-    try:
-        received = peers.fetch(run, step, transfers, checksums)
-    except CorruptCheckpointError as exc:
-        return Fetched(manifest, raw, failure=str(exc))
-    return Fetched(manifest, raw, frozenset(received))
+    # A survivor hashes its own file while its node's transfers are on the wire
+    # (xxhash and gloo's waits release the GIL), instead of after them in map_copy.
+    kept = None if any(t.dst == me for t in transfers) else files.get(me)
+    with ThreadPoolExecutor(1, thread_name_prefix="mouthguard-peer-hash") as pool:
+        own = None
+        if kept is not None:
+            path = peers.area.tier.path_of(catalog.checkpoint_prefix(run, step) + kept.name)
+            own = pool.submit(hashed_receipt, path, kept)
+        try:
+            received = peers.fetch(run, step, transfers, checksums)
+        except CorruptCheckpointError as exc:
+            return Fetched(manifest, raw, failure=str(exc))
+    receipts = set(received)
+    if own is not None and (receipt := own.result()) is not None:
+        receipts.add(receipt)
+    return Fetched(manifest, raw, frozenset(receipts))
 
 
 def resume_from_peers(
