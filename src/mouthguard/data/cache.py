@@ -54,17 +54,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from mouthguard.data.cachefiles import (
+    flocked,
+    hash_fd,
+    read_stamp,
+    stat_key,
+    try_exclusive,
+)
 from mouthguard.errors import ShardDamagedError, TierError
 
 log = logging.getLogger(__name__)
@@ -72,7 +78,6 @@ log = logging.getLogger(__name__)
 Verify = Literal["stat", "always"]
 #: The suffix of a streamed download's record of verified ranges (:mod:`~mouthguard.data.follow`).
 PROGRESS = ".progress"
-_HASH_CHUNK = 8 * 1024 * 1024
 _ATTEMPTS = 4
 #: How often a reader waiting for another process's download lock looks for its stream.
 _LOCK_POLL = 0.005
@@ -177,71 +182,11 @@ class Reservation:
         self.release_lock()
 
 
-def hash_range(fd: int, start: int, size: int) -> str:
-    """sha256 hex of bytes ``[start, start + size)`` of ``fd`` ("" if the file is shorter)."""
-    digest = hashlib.sha256()
-    done = 0
-    while done < size:
-        chunk = os.pread(fd, min(_HASH_CHUNK, size - done), start + done)
-        if not chunk:
-            return ""  # a wrong size never matches a sha256
-        digest.update(chunk)
-        done += len(chunk)
-    return digest.hexdigest()
-
-
-def hash_fd(fd: int, size: int) -> str:
-    """sha256 hex of the first ``size`` bytes of ``fd`` (and of nothing past them)."""
-    if os.pread(fd, 1, size):
-        return ""  # longer than it should be
-    return hash_range(fd, 0, size)
-
-
 def _check_download(digest: str, sha256: str, name: str, what: str) -> None:
     if digest != sha256:
         raise ShardDamagedError(
             f"{name}: sha256 of the downloaded {what} does not match the manifest", shard=name
         )
-
-
-def read_stamp(path: Path) -> list[int] | None:
-    """The stat key a stamp file records; None if it is missing or unreadable."""
-    try:
-        value = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, list) else None
-
-
-def stat_key(fd: int) -> list[int]:
-    """``[device, inode, size, mtime_ns, ctime_ns]`` of ``fd``, as a verification stamp holds."""
-    st = os.fstat(fd)
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-@contextlib.contextmanager
-def flocked(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _try_exclusive(path: Path) -> int | None:
-    """An fd holding an exclusive lock on ``path``, or None if someone holds it (or it is gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
 
 
 class ShardCache:
@@ -449,7 +394,7 @@ class ShardCache:
                 if not Path(download).exists():  # its download is gone
                     Path(entry.path).unlink(missing_ok=True)
                 continue
-            fd = _try_exclusive(Path(entry.path))
+            fd = try_exclusive(Path(entry.path))
             if fd is not None:  # nobody downloads into it: its process died
                 with contextlib.suppress(OSError):
                     Path(entry.path).unlink()
@@ -493,7 +438,7 @@ class ShardCache:
     def _evict(self, sha256: str) -> bool:
         """Remove an unpinned blob (and its stamp); False if it is in use."""
         path = self.blobs / sha256
-        fd = _try_exclusive(path)
+        fd = try_exclusive(path)
         if fd is None:
             return False
         try:

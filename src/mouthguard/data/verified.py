@@ -32,7 +32,8 @@ import os
 import uuid
 from pathlib import Path
 
-from mouthguard.data.cache import Verify, flocked, hash_range, read_stamp, stat_key
+from mouthguard.data.cache import Verify
+from mouthguard.data.cachefiles import flocked, hash_range, read_stamp, stat_key
 from mouthguard.data.part import Part
 from mouthguard.errors import ShardDamagedError
 
