@@ -401,6 +401,8 @@ def _in_order(fn: Callable[[str], _T], paths: Sequence[str], workers: int) -> li
     The first failure cancels what has not started; what runs finishes, and the
     caller's abort removes what it wrote.
     """
+    # Not io.pool.SHARED: a job writes its index with tier.put, whose large writes run
+    # on SHARED (io.direct_write) and are waited for; jobs on SHARED would deadlock.
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="index")
     try:
         futures = [pool.submit(fn, path) for path in paths]

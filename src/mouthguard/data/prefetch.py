@@ -98,6 +98,8 @@ class Prefetcher(Generic[Unit]):
         with self._cond:
             self._queue.extend(units)
             if self._thread is None:
+                # A loop for the consumer's lifetime, waiting on it: on io.pool.SHARED it
+                # would hold a thread that checkpoint writes and loads need.
                 self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
                 self._thread.start()
             self._cond.notify_all()

@@ -44,6 +44,10 @@ def read_ranges(
     """
     step = max(512, -(-range_size // 512) * 512)
     starts = iter(range(0, size, step))
+    # A pool per call, not io.pool.SHARED: this runs in DataLoader workers forked from
+    # the training process, where a pool the parent had started has no threads (a
+    # ThreadPoolExecutor copied by fork can wait forever for one); ``parallel`` is the
+    # caller's depth of requests on this one object.
     pending: deque[tuple[int, Future[bytes]]] = deque()
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="range") as pool:
         try:

@@ -104,6 +104,7 @@ class RangeFetcher:
 
     def _start_threads(self) -> None:
         while len(self._threads) < self.parallel and not self._closed:
+            # Loops that wait for demand, in forked workers: not io.pool.SHARED (data.ranged).
             thread = threading.Thread(target=self._run, name="range-fetch", daemon=True)
             self._threads.append(thread)
             thread.start()

@@ -72,6 +72,8 @@ class TarUnits:
                 if unit in self._pending:
                     continue
                 if self._pool is None:
+                    # Not io.pool.SHARED: this runs in forked DataLoader workers, where a
+                    # pool the parent had started has no threads (see data.ranged).
                     self._pool = ThreadPoolExecutor(INDEX_THREADS, thread_name_prefix="index")
                 self._pending[unit] = self._pool.submit(self.source.index, unit)
                 while len(self._pending) > _MAX_PENDING:

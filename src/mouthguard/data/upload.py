@@ -60,6 +60,8 @@ class Upload:
         self._error: BaseException | None = None
         self._aborted = threading.Event()
         self._done = threading.Event()
+        # A thread of its own, not io.pool.SHARED: it waits on the writer's queue for the
+        # whole upload, and its tier.put may wait on SHARED (io.direct_write) in turn.
         self._thread = threading.Thread(target=self._run, name=f"upload {key}", daemon=True)
         self._thread.start()
 

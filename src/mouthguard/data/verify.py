@@ -369,6 +369,9 @@ def verify_dataset(
             on_shard(check)
         return check
 
+    # Not io.pool.SHARED: a job is a whole shard (its ranged reads, on data.ranged's
+    # threads, and its hash); on SHARED it would hold a thread that checkpoint writes
+    # and loads need for as long as that takes.
     items: tuple[ShardRecord | ParquetRecord, ...] = (*dataset.shards, *dataset.files)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify") as pool:
         checks = tuple(pool.map(one, items))

@@ -298,6 +298,9 @@ def _read_all(
         return done
 
     workers = options.parallel_files
+    # Its own pool, not io.pool.SHARED: each job here waits on its file's reads, which
+    # run on SHARED (io.host_ring, io.read_ahead); on SHARED, jobs waiting for reads
+    # queued behind themselves would deadlock once every thread held one.
     with ThreadPoolExecutor(workers, thread_name_prefix="mouthguard-weights") as pool:
         done = list(pool.map(one, source.files))
     if options.target.type == "cuda":
