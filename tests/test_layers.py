@@ -445,9 +445,9 @@ def test_the_s3_tier_is_imported_only_through_its_package() -> None:
 def test_the_s3_rule_can_fail() -> None:
     toy = {
         "mouthguard.data.location": {S3_PACKAGE},
-        "mouthguard.data.worker_preload": {"mouthguard.tiers.s3.connect"},
+        "mouthguard.data.loading.worker_preload": {"mouthguard.tiers.s3.connect"},
         "mouthguard.tiers.s3.tier": {"mouthguard.tiers.s3.connect"},  # inside: allowed
     }
     assert _s3_internals_imported_from_outside(toy) == {
-        "mouthguard.data.worker_preload": ["mouthguard.tiers.s3.connect"]
+        "mouthguard.data.loading.worker_preload": ["mouthguard.tiers.s3.connect"]
     }

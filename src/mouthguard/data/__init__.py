@@ -41,21 +41,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mouthguard.data.adopt import index_dataset
 from mouthguard.data.burst import BurstSignal
 from mouthguard.data.dataset import Dataset, open_dataset
-from mouthguard.data.manifest import DatasetManifest, ShardRecord
-from mouthguard.data.pack import pack
+from mouthguard.data.formats.manifest import DatasetManifest, ShardRecord
+from mouthguard.data.indexing.adopt import index_dataset
 from mouthguard.data.verify import ShardCheck, VerifyReport, verify_dataset
-from mouthguard.data.writer import ShardWriter, discard_incomplete
+from mouthguard.data.writing.pack import pack
+from mouthguard.data.writing.writer import ShardWriter, discard_incomplete
 
 if TYPE_CHECKING:
-    from mouthguard.data.loader import StreamingDataLoader
-    from mouthguard.data.stream import StreamingDataset
+    from mouthguard.data.loading.loader import StreamingDataLoader
+    from mouthguard.data.loading.stream import StreamingDataset
 
 _LAZY = {
-    "StreamingDataLoader": "mouthguard.data.loader",
-    "StreamingDataset": "mouthguard.data.stream",
+    "StreamingDataLoader": "mouthguard.data.loading.loader",
+    "StreamingDataset": "mouthguard.data.loading.stream",
 }
 
 __all__ = [

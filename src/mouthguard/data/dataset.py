@@ -19,16 +19,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from mouthguard.data import names
-from mouthguard.data.index import ShardIndex, parse_index
-from mouthguard.data.location import Location, Target, locate
-from mouthguard.data.manifest import (
+from mouthguard.data.formats import names
+from mouthguard.data.formats.index import ShardIndex, parse_index
+from mouthguard.data.formats.manifest import (
     MAX_MANIFEST_BYTES,
     DatasetManifest,
     ParquetRecord,
     ShardRecord,
     parse_manifest,
 )
+from mouthguard.data.location import Location, Target, locate
 from mouthguard.errors import (
     DatasetNotFoundError,
     ManifestError,

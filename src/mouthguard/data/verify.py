@@ -44,16 +44,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from mouthguard.data import names, tarfmt
-from mouthguard.data.adopt import data_paths
 from mouthguard.data.dataset import Dataset, open_dataset
-from mouthguard.data.gztar import GzipError, gunzip
-from mouthguard.data.index import ShardIndex
+from mouthguard.data.fetching.ranged import DEFAULT_PARALLEL, DEFAULT_RANGE_SIZE, read_ranges
+from mouthguard.data.formats import names, tarfmt
+from mouthguard.data.formats.index import ShardIndex
+from mouthguard.data.formats.manifest import ParquetRecord, ShardRecord
+from mouthguard.data.formats.rangehash import FixedRanges, RangeHasher
+from mouthguard.data.indexing.adopt import data_paths
+from mouthguard.data.indexing.tarscan import scan_tar
 from mouthguard.data.location import Target
-from mouthguard.data.manifest import ParquetRecord, ShardRecord
-from mouthguard.data.ranged import DEFAULT_PARALLEL, DEFAULT_RANGE_SIZE, read_ranges
-from mouthguard.data.rangehash import FixedRanges, RangeHasher
-from mouthguard.data.tarscan import scan_tar
+from mouthguard.data.reading.gztar import GzipError, gunzip
 from mouthguard.errors import (
     AdoptionError,
     ObjectNotFoundError,
@@ -262,7 +262,7 @@ def check_parquet_bytes(dataset: Dataset, record: ParquetRecord, **read: int) ->
         TierError: the file could not be read (ObjectNotFoundError: it is missing).
         MissingDependencyError: pyarrow is not installed (to parse the footer).
     """
-    from mouthguard.data.pqfooter import FooterError, parse_footer, row_group_ranges  # noqa: PLC0415
+    from mouthguard.data.formats.pqfooter import FooterError, parse_footer, row_group_ranges  # noqa: PLC0415
 
     key = dataset.file_key(record)
     _check_size(dataset, key, record.name, record.size)
