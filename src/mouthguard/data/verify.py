@@ -11,7 +11,7 @@ samples the index lists -- and, where the manifest has a range table (version
 bytes, so a shard passes only if both the whole-shard and the per-range
 sha256s are right. An adopted shard's headers are the user's writer's
 (long names, PAX), so instead its index is derived again from the bytes as
-they go by (:mod:`~mouthguard.data.tarscan`, the same one pass that hashes
+they go by (:mod:`~mouthguard.data.indexing.tarscan`, the same one pass that hashes
 them) and must equal the stored one.
 
 Per Parquet file: its size, then every byte in one pass, hashing the file, its

@@ -76,7 +76,7 @@ from mouthguard.errors import ShardDamagedError, TierError
 log = logging.getLogger(__name__)
 
 Verify = Literal["stat", "always"]
-#: The suffix of a streamed download's record of verified ranges (:mod:`~mouthguard.data.follow`).
+#: The suffix of a streamed download's record of verified ranges (:mod:`.follow`).
 PROGRESS = ".progress"
 _ATTEMPTS = 4
 #: How often a reader waiting for another process's download lock looks for its stream.
@@ -143,7 +143,7 @@ class Reservation:
     def release_lock(self) -> None:
         """Let other processes download the entry while this one keeps its bytes.
 
-        For a download that gave up part-way (:mod:`~mouthguard.data.streamed`):
+        For a download that gave up part-way (:mod:`~mouthguard.data.fetching.streamed`):
         its verified part stays readable through :attr:`fd`, but it can never
         be committed, so holding the lock would only make others wait for
         nothing. Idempotent; the reservation must then be abandoned.
@@ -276,7 +276,7 @@ class ShardCache:
         ``meanwhile``: while another process holds the lock, it is called every
         :data:`_LOCK_POLL` seconds, and what it returns (not None) is returned at
         once instead of waiting on. It lets a reader follow a download that
-        starts streaming after the lock was taken (:mod:`~mouthguard.data.follow`)
+        starts streaming after the lock was taken (:mod:`.follow`)
         instead of waiting for the whole of it.
 
         Raises:

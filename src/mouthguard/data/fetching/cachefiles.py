@@ -1,7 +1,7 @@
 r"""The shard cache's file primitives: sha256 of a file's bytes, stat stamps, ``flock``\ s.
 
-Used by :mod:`~mouthguard.data.cache` and by the readers that verify files in
-place (:mod:`~mouthguard.data.verified`). A stamp is the ``stat`` key of a file as
+Used by :mod:`~mouthguard.data.fetching.cache` and by the readers that verify files in
+place (:mod:`~mouthguard.data.fetching.verified`). A stamp is the ``stat`` key of a file as
 it was when its bytes last hashed right (see the cache's module docstring).
 """
 

@@ -5,25 +5,25 @@ sha256 in the manifest (a Parquet row group, a footer) -- as a verified local
 file, in one of two ways:
 
 * **through the cache** (any tier): a missing entry is downloaded with several
-  concurrent range reads (:mod:`~mouthguard.data.ranged`), hashed in order as it
+  concurrent range reads (:mod:`~mouthguard.data.fetching.ranged`), hashed in order as it
   is written, and inserted only if its sha256 is the manifest's
-  (:mod:`~mouthguard.data.cache`; entries are named by that sha256, so a range
+  (:mod:`~mouthguard.data.fetching.cache`; entries are named by that sha256, so a range
   is an entry of its own);
 * **in place** (a local dataset and no cache): the dataset's own file is opened
   and the bytes hashed before use; with ``verify="stat"`` a record shared by the
-  dataset's processes (:mod:`~mouthguard.data.verified`) spares the re-hash, in
+  dataset's processes (:mod:`~mouthguard.data.fetching.verified`) spares the re-hash, in
   every process and epoch, while the file's metadata is unchanged.
 
 A tar shard whose manifest records a range table (version 2) is not downloaded
-whole first: through the cache it is **streamed** (:mod:`~mouthguard.data.streamed`),
+whole first: through the cache it is **streamed** (:mod:`~mouthguard.data.fetching.streamed`),
 each range read by the process's bounded
-:class:`~mouthguard.data.rangefetch.RangeFetcher`, hashed, and handed out once it
+:class:`~mouthguard.data.fetching.rangefetch.RangeFetcher`, hashed, and handed out once it
 matched its own sha256 -- the reader waits for the ranges a sample touches, not
 for the shard. Otherwise no byte of a shard or range is used before the whole
 of it matched the manifest. The data file must have the manifest's size (a truncated file
 is damage, not a short read). Indexes are checked (size, sha256) and parsed as
 hostile input before use. Prefetching ahead of the reader is
-:mod:`~mouthguard.data.prefetch`.
+:mod:`~mouthguard.data.fetching.prefetch`.
 """
 
 from __future__ import annotations
@@ -109,9 +109,9 @@ class ReadSettings:
     to indexes, Parquet row groups); a shard with one is read in its own ranges.
     ``parallel`` bounds the range reads in flight of one process; ``coalesce``
     the ranges of a streamed shard one read covers (adjacent ones, each still
-    verified on its own: :mod:`~mouthguard.data.rangefetch`); ``node`` (None:
+    verified on its own: :mod:`~mouthguard.data.fetching.rangefetch`); ``node`` (None:
     none) the requests in flight of every process sharing the cache directory
-    (:mod:`~mouthguard.data.nodeslots`).
+    (:mod:`~mouthguard.data.fetching.nodeslots`).
     """
 
     range_size: int = 8 * 1024 * 1024
@@ -238,7 +238,7 @@ class ShardSource:
     ) -> ShardFile | None:
         """Stream the shard in this process, or find it finished in the cache.
 
-        ``meanwhile``: see :meth:`~mouthguard.data.cache.ShardCache.open_or_reserve`.
+        ``meanwhile``: see :meth:`~mouthguard.data.fetching.cache.ShardCache.open_or_reserve`.
         """
         assert self.cache is not None
         assert record.ranges is not None

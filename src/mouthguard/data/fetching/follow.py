@@ -2,7 +2,7 @@
 
 DataLoader workers share one cache directory, and every worker reads every
 shard of its rank (the batches interleave). The first to ask for a shard
-streams it (:mod:`~mouthguard.data.streamed`) while holding the entry's download
+streams it (:mod:`~mouthguard.data.fetching.streamed`) while holding the entry's download
 lock; without this module the others would wait on that lock for the whole
 shard. The streaming process keeps a record beside its temporary file::
 
@@ -21,7 +21,7 @@ process writes 2 and releases the lock as soon as a range fails, not when its
 own reader meets the failure. The record is written just after the lock is
 taken; a reader that finds the lock taken and no record yet polls the lock
 and follows the record once it appears
-(:meth:`~mouthguard.data.cache.ShardCache.open_or_reserve`, ``meanwhile``). So a follower trusts
+(:meth:`.cache.ShardCache.open_or_reserve`, ``meanwhile``). So a follower trusts
 exactly what the cache's stamps are trusted for: files in the private cache
 directory written by the training user's own processes.
 """

@@ -1,6 +1,6 @@
 """A per-node limit on range requests in flight, shared by every process that names it.
 
-Each DataLoader worker has its own :class:`~mouthguard.data.rangefetch.RangeFetcher`
+Each DataLoader worker has its own :class:`~mouthguard.data.fetching.rangefetch.RangeFetcher`
 (``range_parallel`` requests in flight), and a node runs several workers, often
 of several ranks: without a shared bound a node has ``ranks * workers *
 range_parallel`` requests in flight. :class:`NodeSlots` is a pool of ``count``

@@ -1,6 +1,6 @@
 """A bounded pool of ranged reads for one process, most urgent range first.
 
-A shard streamed range by range (:class:`~mouthguard.data.streamed.StreamedShard`)
+A shard streamed range by range (:class:`~mouthguard.data.fetching.streamed.StreamedShard`)
 hands its ranges to the process's :class:`RangeFetcher`: ``parallel`` threads
 take the most urgent pending range -- and, for background work, up to
 ``coalesce - 1`` pending ranges right after it in the same shard -- read them
@@ -12,7 +12,7 @@ is read alone, so a longer request never delays it. So:
   worker), whatever the number of shards open; ``parallel`` times the workers
   of a node, per node. Each request covers at most ``coalesce`` ranges: fewer,
   larger requests where a request's latency, not its bytes, is the cost.
-* **Per node**: with ``slots`` (:class:`~mouthguard.data.nodeslots.NodeSlots`),
+* **Per node**: with ``slots`` (:class:`~mouthguard.data.fetching.nodeslots.NodeSlots`),
   a request also holds one of the node's slots while in flight, so every
   process sharing the slots' directory has at most ``slots.count`` in flight
   together (a thread that claimed its ranges waits for a slot).

@@ -2,7 +2,7 @@
 
 **Verification record.** A local dataset read in place is hashed before its
 first sample; the record of files that hashed right
-(:class:`~mouthguard.data.verified.VerifiedFiles`) is kept by
+(:class:`~mouthguard.data.fetching.verified.VerifiedFiles`) is kept by
 :func:`default_verified_dir` in a private per-user directory that outlives the
 process -- ``$MOUTHGUARD_VERIFIED_DIR``, else ``$XDG_CACHE_HOME/mouthguard/verified``,
 else ``~/.cache/mouthguard/verified`` -- so a new training process does not hash

@@ -1,10 +1,10 @@
 """A shard read while it downloads: each range handed out only once its own sha256 matched.
 
 A version 2 manifest records the sha256 of every fixed-size range of a tar
-shard (:class:`~mouthguard.data.records.RangeTable`). A :class:`StreamedShard`
-is a cache reservation (:class:`~mouthguard.data.cache.Reservation`) being
+shard (:class:`~mouthguard.data.formats.records.RangeTable`). A :class:`StreamedShard`
+is a cache reservation (:class:`~mouthguard.data.fetching.cache.Reservation`) being
 filled range by range by the process's
-:class:`~mouthguard.data.rangefetch.RangeFetcher`; each range is read from the
+:class:`~mouthguard.data.fetching.rangefetch.RangeFetcher`; each range is read from the
 tier, hashed, compared with the manifest and only then written and marked
 verified. :meth:`StreamedShard.read` waits until every range its bytes touch
 is verified (asking the fetcher for the missing ones first), so:
@@ -24,13 +24,13 @@ is verified (asking the fetcher for the missing ones first), so:
 * **Cache.** When the last range has matched, the file becomes the cache entry
   (named by the whole shard's sha256) exactly as a whole download does. The
   whole-shard sha256 is not computed again on the way: the ranges tile the
-  shard (:class:`~mouthguard.data.records.RangeTable`) and the manifest binds
+  shard (:class:`~mouthguard.data.formats.records.RangeTable`) and the manifest binds
   both, and ``data verify`` checks that they agree. A shard closed before it
   is complete is dropped (the next reader downloads it again).
 * **Other processes.** Beside its temporary file the shard keeps a record of
   its verified ranges, so DataLoader workers sharing the cache read the ranges
   as they arrive instead of waiting for the whole shard
-  (:mod:`~mouthguard.data.follow`).
+  (:mod:`~mouthguard.data.fetching.follow`).
 * **Files.** The file descriptor is closed only by :meth:`close`, after the
   fetches of this shard in flight have finished (at most one request each),
   so a fetch never writes into a descriptor number reused for another file.

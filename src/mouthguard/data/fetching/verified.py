@@ -6,7 +6,7 @@ workers are new processes every epoch and each of them opens every shard of its
 rank (the batches interleave), so a record kept in one process's memory would
 hash each shard once per worker per epoch -- the dataset K times over with K
 workers. :class:`VerifiedFiles` keeps the record in a directory that every
-process of one :class:`~mouthguard.data.stream.StreamingDataset` names::
+process of one :class:`~mouthguard.data.loading.stream.StreamingDataset` names::
 
     <dir>/<name>.ok      the file's stat key when its bytes last hashed right
     <dir>/<name>.lock    held while one process hashes it; the others wait, then trust
@@ -15,7 +15,7 @@ where ``<name>`` is derived from the file's path, the part's offset and its
 expected sha256 (a part is a whole shard, or a verified byte range of a file such
 as a Parquet row group), so two datasets or versions never share a record.
 
-The trust is the cache's (:mod:`~mouthguard.data.cache`): with ``verify="stat"``
+The trust is the cache's (:mod:`~mouthguard.data.fetching.cache`): with ``verify="stat"``
 a file whose ``(device, inode, size, mtime_ns, ctime_ns)`` is what it was when
 it hashed right is not hashed again. Any change made through the filesystem
 (a write, a truncate, ``touch``, a replaced file) changes ``ctime`` and forces a

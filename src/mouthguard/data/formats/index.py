@@ -21,14 +21,14 @@ that passes can only point at bytes of its own shard, and it describes every
 member a tar reader would find there.
 
 An **adopted** shard's index (``adopted=True``: a user's tar, indexed in place by
-:mod:`~mouthguard.data.tarscan`) has the same format and looser geometry: a
+:mod:`~mouthguard.data.indexing.tarscan`) has the same format and looser geometry: a
 user's tar may hold extended headers (GNU long names, PAX), directories and
 metadata members between samples, so spans need not tile the shard. What still
 holds: samples in order and non-overlapping, each member's data after at least
 one header block and after the previous member's padding, every span ending
 where its last member's padding does, and nothing past the shard's end. Keys
-and extensions follow the adopted rules (:func:`~mouthguard.data.names.member_path_problem`,
-:func:`~mouthguard.data.names.adopted_ext_problem`), and a key may recur, as
+and extensions follow the adopted rules (:func:`~mouthguard.data.formats.names.member_path_problem`,
+:func:`~mouthguard.data.formats.names.adopted_ext_problem`), and a key may recur, as
 WebDataset yields a key twice when its members are not adjacent.
 """
 
@@ -192,7 +192,7 @@ def parse_index(
     ``adopted``: the shard is a user's tar (see the module docstring).
     ``size`` None: the tar's size is the index's own (a gzip-compressed shard:
     the manifest records the compressed file's; the inflated tar must then be
-    as long as its index says, :func:`~mouthguard.data.gztar.unpack`).
+    as long as its index says, :func:`~mouthguard.data.reading.gztar.unpack`).
 
     Raises:
         ShardDamagedError: anything at all is wrong; the message names the shard.

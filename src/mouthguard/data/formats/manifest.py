@@ -35,7 +35,7 @@ at all, so it is byte for byte what it was before adoption existed. An adopted
 WebDataset manifest is the packed one plus that member, its shards named by
 their paths relative to the dataset. An adopted Parquet dataset (``"kind":
 "parquet"``, always indexed) lists ``files`` instead of ``shards`` (per file its
-footer and row groups: :mod:`~mouthguard.data.records`), ``columns`` instead of
+footer and row groups: :mod:`~mouthguard.data.formats.records`), ``columns`` instead of
 ``extensions``, and totals of files, row groups, rows and bytes.
 
 The **fingerprint** names the dataset's content: sha256 over a canonical text of
@@ -53,7 +53,7 @@ every type, names that are the format's own (``shard-NNNNNN.tar``, numbered from
 0 in order, each with its own index name) or, adopted, safe relative paths,
 sorted and unique; sha256s that are 64 hex digits, sample counts a shard of its
 size can hold and byte ranges a file of its size can hold
-(:mod:`~mouthguard.data.records`), totals that add up and a fingerprint that
+(:mod:`~mouthguard.data.formats.records`), totals that add up and a fingerprint that
 matches the file list.
 
 Residual risks, as for checkpoints: without a key the checksums catch damage,
@@ -103,7 +103,7 @@ PACKED = "packed"
 INDEXED = "indexed"
 #: A million shards' records are about 300 MB; anything larger is refused unread.
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
-#: Samples one shard may claim (:data:`~mouthguard.data.records.MAX_UNIT_SAMPLES`).
+#: Samples one shard may claim (:data:`~mouthguard.data.formats.records.MAX_UNIT_SAMPLES`).
 MAX_SHARD_SAMPLES = MAX_UNIT_SAMPLES
 _DOMAIN = "mouthguard.dataset.fingerprint.v1"
 #: One domain per (kind, layout); the packed one is what it has always been.

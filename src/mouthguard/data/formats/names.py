@@ -71,7 +71,7 @@ def is_gzip_tar(path: str) -> bool:
 def adopted_index_name(path: str) -> str:
     """The index name of an adopted tar ``path`` (``a/x.tar``, ``a/x.tgz`` -> ``a/x.index.json``).
 
-    ``x.tar`` and ``x.tar.gz`` side by side share it: :func:`~mouthguard.data.adopt.index_dataset`
+    ``x.tar`` and ``x.tar.gz`` side by side share it: :func:`~mouthguard.data.index_dataset`
     refuses that pair by name.
     """
     for suffix in GZIP_SUFFIXES:
@@ -131,7 +131,7 @@ def check_key(key: object) -> str:
     of the basename); not starting with ``_`` (WebDataset skips ``__*__`` names as
     metadata); no control characters or backslashes; at most ``MAX_KEY_BYTES``
     bytes of UTF-8 (and the writer refuses a member name that does not fit a
-    USTAR tar header: :func:`mouthguard.data.tarfmt.member_header`).
+    USTAR tar header: :func:`mouthguard.data.formats.tarfmt.member_header`).
 
     Raises:
         SampleError: the key breaks a rule; the message says which.

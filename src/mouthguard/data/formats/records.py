@@ -6,7 +6,7 @@ Two kinds of data file:
   index (:class:`IndexRecord`: name, size, sha256). A packed dataset's shards are
   ours, named ``shard-NNNNNN.tar`` and numbered from 0 in order; an adopted
   dataset's shards are the user's, named by their path relative to the dataset
-  (:func:`~mouthguard.data.names.check_data_path`: ``.tar``, or gzip-compressed
+  (:func:`~mouthguard.data.formats.names.check_data_path`: ``.tar``, or gzip-compressed
   ``.tar.gz`` / ``.tgz``, whose size and sha256 are the compressed file's and
   whose index counts offsets in the tar inside), sorted and unique, each with
   the index named after it;

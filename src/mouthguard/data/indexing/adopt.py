@@ -1,7 +1,7 @@
 """``index_dataset``: adopt a dataset the user already has, in place, without repacking.
 
 The user's files stay exactly where and what they are. Beside them, under
-``SRC/mouthguard-index/`` (:data:`~mouthguard.data.names.INDEX_DIR`), go the
+``SRC/mouthguard-index/`` (:data:`~mouthguard.data.formats.names.INDEX_DIR`), go the
 same verified artefacts a packed dataset has: per tar an index
 (``shards/<path>.index.json``), and last, create-only, the manifest
 ``dataset.json`` -- its presence is the commit, as for packed datasets. Then
@@ -11,13 +11,13 @@ verify SRC`` serve the adopted dataset with every guarantee of a packed one.
 What is adopted (``kind``; default: whatever SRC holds):
 
 * ``webdataset``: every ``*.tar`` under SRC, in sorted key order, each read
-  once and parsed by ``tarfile`` as hostile input (:mod:`~mouthguard.data.tarscan`);
+  once and parsed by ``tarfile`` as hostile input (:mod:`~mouthguard.data.indexing.tarscan`);
   ``*.tar.gz`` and ``*.tgz`` too, inflated as they are read
-  (:mod:`~mouthguard.data.gztar`): their index counts offsets in the tar inside,
+  (:mod:`~mouthguard.data.reading.gztar`): their index counts offsets in the tar inside,
   and they are verified whole (gzip cannot be read from the middle);
 * ``parquet``: every ``*.parquet`` under SRC, in sorted key order, each read
   once: footer, row-group byte ranges, and a sha256 of the file, its footer
-  and every row group (:mod:`~mouthguard.data.pqindex`; needs pyarrow).
+  and every row group (:mod:`~mouthguard.data.indexing.pqindex`; needs pyarrow).
 
 Files are named by their path relative to SRC. The tier only lists names that
 are valid keys (:mod:`mouthguard.tiers.object_keys`) and regular files, so a

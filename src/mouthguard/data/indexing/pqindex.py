@@ -2,13 +2,13 @@
 
 :func:`scan_parquet` reads the file's last 8 bytes and its footer with two
 ranged reads, derives the row groups' byte ranges from the footer
-(:mod:`~mouthguard.data.pqfooter`, all checked), then reads the whole file once,
+(:mod:`~mouthguard.data.formats.pqfooter`, all checked), then reads the whole file once,
 front to back, hashing the file, the footer and every row group in the same
-pass (:class:`~mouthguard.data.rangehash.RangeHasher`). The footer hashed in
+pass (:class:`~mouthguard.data.formats.rangehash.RangeHasher`). The footer hashed in
 that pass must be the one parsed: a file that changed while it was being
 indexed is refused rather than recorded half old, half new.
 
-The result is the file's :class:`~mouthguard.data.records.ParquetRecord` and its
+The result is the file's :class:`~mouthguard.data.formats.records.ParquetRecord` and its
 column names. Anything wrong raises :class:`~mouthguard.errors.AdoptionError`
 naming the file.
 """

@@ -4,7 +4,7 @@
 reads, so a tar on S3 is never downloaded whole), hashes every byte and returns
 the sha256 with the index of the samples ``webdataset.WebDataset`` would yield
 from it: consecutive regular members whose names share a key
-(:func:`~mouthguard.data.names.webdataset_split`), each member's data offset
+(:func:`~mouthguard.data.formats.names.webdataset_split`), each member's data offset
 and size, each sample's span from its first header (extended headers
 included) to its last member's padding. ``tarfile`` parses the headers -- GNU
 long names, PAX records, any metadata a user's writer put there -- in stream

@@ -4,7 +4,7 @@ DataLoader workers each hold a copy of the dataset; the main process never
 learns what they yielded, only what it hands to the training loop. So the
 position is counted here, at delivery: every batch but a rank's last holds
 exactly ``batch_size`` samples (workers take whole batches of the rank's
-sequence in turn; :mod:`~mouthguard.data.order`), so after ``j`` batches from
+sequence in turn; :mod:`~mouthguard.data.loading.order`), so after ``j`` batches from
 position ``n`` the rank has consumed ``min(n + j * batch_size, epoch length)``
 samples, whatever ``collate_fn`` makes of them.
 
@@ -25,7 +25,7 @@ on S3 cannot be forked from the training process: the S3 client does not survive
 ``fork`` (:mod:`~mouthguard.data.location`). Unless ``multiprocessing_context``
 says otherwise they come from multiprocessing's fork server, a clean process
 started once (it never touched S3) with torch and mouthguard's reader already
-imported and botocore's S3 models loaded (:mod:`~mouthguard.data.worker_preload`),
+imported and botocore's S3 models loaded (:mod:`~mouthguard.data.loading.worker_preload`),
 so a worker starts in milliseconds every epoch instead of importing torch again
 as a spawned one would; each opens its own connection from the dataset's
 ``s3://`` URL. The fork server is started when the loader is built, and the

@@ -9,7 +9,7 @@ JSON (``TrainingState(..., data=loader)``)::
      "seed": 0, "shuffle": true, "shuffle_window": 4, "shuffle_buffer": 4096,
      "rank": 0, "world_size": 8}
 
-Version 1 (before the shuffle buffer, :mod:`~mouthguard.data.order`) has no
+Version 1 (before the shuffle buffer, :mod:`~mouthguard.data.loading.order`) has no
 ``shuffle_buffer``: it was taken under the uniform block permutation, so it is
 read as ``shuffle_buffer=0``, the setting that reproduces that order -- a loader
 built with ``shuffle_buffer=0`` resumes it exactly; any other refuses it (below).

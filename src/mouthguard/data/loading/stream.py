@@ -1,38 +1,38 @@
 """``StreamingDataset``: a torch ``IterableDataset`` over a verified dataset, exactly resumable.
 
 Each iteration yields this process's share of one epoch (see
-:mod:`~mouthguard.data.order` for the order and the partitioning across ranks
+:mod:`~mouthguard.data.loading.order` for the order and the partitioning across ranks
 and DataLoader workers) as dicts ``{"__key__": key, ext: bytes, ...}`` -- for
 Parquet, one dict per row, ``{column: value, ...}`` -- or what ``decode`` makes
 of them. Shards come verified from the cache or in place
-(:mod:`~mouthguard.data.fetch`): no sample of a shard is yielded before the
+(:mod:`~mouthguard.data.fetching.fetch`): no sample of a shard is yielded before the
 whole shard matched the manifest's sha256 -- or, for a shard streamed into the
 cache with a range table (a version 2 manifest), before every range the sample
-touches matched its own sha256 (:mod:`~mouthguard.data.streamed`) -- and every
+touches matched its own sha256 (:mod:`~mouthguard.data.fetching.streamed`) -- and every
 member's tar header is checked against the index as the sample is read
-(:mod:`~mouthguard.data.tarread`).
+(:mod:`~mouthguard.data.reading.tarread`).
 A Parquet dataset is read by row group, the unit of order, caching and resume
 in place of a shard: no row is yielded before its row group's bytes and its
-file's footer matched their own sha256s (:mod:`~mouthguard.data.pqread`). A
+file's footer matched their own sha256s (:mod:`~mouthguard.data.reading.pqread`). A
 mismatch raises :class:`~mouthguard.errors.ShardDamagedError` naming the file
 (and the row group); a sample is never skipped.
 
 Position. Iterated in-process (no DataLoader workers), the dataset counts the
 samples it yields; when an epoch ends it moves to the next one. With workers,
 the main process cannot see what they yielded: use
-:class:`~mouthguard.data.loader.StreamingDataLoader`, which counts delivered
+:class:`~mouthguard.data.loading.loader.StreamingDataLoader`, which counts delivered
 samples and sets the dataset's start position before every iteration.
-``state_dict``/``load_state_dict`` carry the position (:mod:`~mouthguard.data.position`).
+``state_dict``/``load_state_dict`` carry the position (:mod:`~mouthguard.data.loading.position`).
 
 Processes. The dataset is opened (manifest read and verified) where it is
 built; each DataLoader worker opens its own tier for a path or URL source, and
 uses the one given otherwise (a tier passed in must work in the workers, as a
 local tier does). Without ``cache_dir``, a local dataset is read in place and
 any other is cached in the user's shard cache (``~/.cache/mouthguard/shards``,
-named in one line with its limit; :mod:`~mouthguard.data.scratch`), never
+named in one line with its limit; :mod:`~mouthguard.data.fetching.scratch`), never
 silently under the system's temporary directory; a dataset read in place keeps
 the record of the parts that hashed right in a per-user directory shared by its
-workers and later runs (:mod:`~mouthguard.data.verified`), so each shard is
+workers and later runs (:mod:`~mouthguard.data.fetching.verified`), so each shard is
 hashed once, not once per worker and epoch. Where either per-user directory
 cannot be used, a temporary one is, and the building process removes it when
 the dataset is garbage-collected or at exit.
@@ -85,8 +85,8 @@ _READ_BATCH = 1024
 class Units(Opener[Closeable], Protocol):
     """The loader's units of one kind, opened and read.
 
-    Tar shards (:mod:`~mouthguard.data.tarread`) or Parquet row groups
-    (:mod:`~mouthguard.data.pqread`).
+    Tar shards (:mod:`~mouthguard.data.reading.tarread`) or Parquet row groups
+    (:mod:`~mouthguard.data.reading.pqread`).
     """
 
     def read(
@@ -123,7 +123,7 @@ class StreamingDataset(IterableDataset[Any]):
         batch_size: the DataLoader's batch size: workers take whole batches in turn.
         shuffle_window: shards whose samples are shuffled together (all open at once).
         shuffle_buffer: samples the block's shuffle draws each position from, once
-            full (:mod:`~mouthguard.data.order`): a buffer shuffle over the block's
+            full (:mod:`~mouthguard.data.loading.order`): a buffer shuffle over the block's
             shards read side by side, so the first batch needs only their first
             ranges. 0: a uniform permutation of the whole block (the order of
             version 1 positions, which only a loader with 0 resumes). The default,
@@ -135,7 +135,7 @@ class StreamingDataset(IterableDataset[Any]):
             Each worker keeps ``shuffle_window`` shards open and ``prefetch`` more
             pinned: give the cache room for that many shards per worker, or readers
             will fetch beyond the limit rather than wait.
-        verify_cache: ``stat`` or ``always`` (see :mod:`~mouthguard.data.cache`); the
+        verify_cache: ``stat`` or ``always`` (see :mod:`~mouthguard.data.fetching.cache`); the
             same choice for a local dataset read in place.
         decode: applied to each sample dict before it is yielded.
         prefetch: shards opened ahead of the consumer, per process (0: none).
@@ -162,7 +162,7 @@ class StreamingDataset(IterableDataset[Any]):
             (``python -m benchmarks.data.coalesce``, docs/benchmarks-data.md).
         node_requests: range requests in flight across every process using
             ``cache_dir`` (all DataLoader workers and ranks of a node that share
-            it), held as slots in ``cache_dir/slots`` (:mod:`~mouthguard.data.nodeslots`).
+            it), held as slots in ``cache_dir/slots`` (:mod:`~mouthguard.data.fetching.nodeslots`).
             None: no shared bound, so a node has ``workers * range_parallel``.
             Needs a ``cache_dir`` shared on the node (the default one is).
 
@@ -287,7 +287,7 @@ class StreamingDataset(IterableDataset[Any]):
         return self._position.to_state()
 
     def load_state_dict(self, state: object, *, force: bool = False) -> None:
-        """Resume from a :meth:`state_dict` (see :mod:`~mouthguard.data.position`).
+        """Resume from a :meth:`state_dict` (see :mod:`~mouthguard.data.loading.position`).
 
         Raises:
             DatasetChangedError: saved in another dataset version (names both
@@ -309,7 +309,7 @@ class StreamingDataset(IterableDataset[Any]):
         """Read each worker iteration's start from ``shared`` (epoch, consumed); None: don't.
 
         For a loader with persistent workers, whose copies of the dataset outlive
-        an iteration (:mod:`~mouthguard.data.loader`): shared memory the loader
+        an iteration (:mod:`~mouthguard.data.loading.loader`): shared memory the loader
         writes before each iteration.
         """
         self._start = shared

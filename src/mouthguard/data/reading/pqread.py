@@ -2,7 +2,7 @@
 
 A row group is the loader's unit: shuffled, cached, prefetched and resumed by,
 as a tar shard is. To read one, the loader fetches two verified byte ranges of
-the user's file (:class:`~mouthguard.data.fetch.ShardSource`, each checked
+the user's file (:class:`~mouthguard.data.fetching.fetch.ShardSource`, each checked
 against its own sha256 in the manifest before use): the footer, parsed once
 per file per process, and the row group. pyarrow then decodes the row group
 from those bytes only: it is handed the parsed footer (so it never reads the

@@ -1,22 +1,22 @@
 """The loader's reader of tar shards: samples out of verified shard files, by index.
 
-A shard is opened verified (:class:`~mouthguard.data.fetch.ShardSource`): whole
+A shard is opened verified (:class:`~mouthguard.data.fetching.fetch.ShardSource`): whole
 against the manifest's sha256 before any of its samples is read, or -- streamed
 from a remote tier with a range table -- range by range, a sample read only
-once every range it touches matched (:mod:`~mouthguard.data.streamed`); its
+once every range it touches matched (:mod:`~mouthguard.data.fetching.streamed`); its
 index is checked and parsed as hostile input. A sample is then one read of its span,
 cut into members as the index says. An adopted gzip-compressed shard
 (``.tar.gz``, ``.tgz``) is verified whole, then inflated once into a temporary
-file as it is opened (:mod:`~mouthguard.data.gztar`), and read from there.
+file as it is opened (:mod:`~mouthguard.data.reading.gztar`), and read from there.
 
 Packed shards are also checked member by member: each member's USTAR header must
 be where the index puts it and name the member, with its size
-(:func:`~mouthguard.data.tarfmt.member_mismatch`), so an index that points
+(:func:`~mouthguard.data.formats.tarfmt.member_mismatch`), so an index that points
 anywhere else is caught as the sample is read. The header's own checksum is not
 recomputed there: the whole shard already matched the manifest's sha256. An
 adopted shard's headers are whatever the user's writer chose (GNU long names,
 PAX records) and have no one-block form to compare with; its index was derived
-from those very bytes by ``tarfile`` (:mod:`~mouthguard.data.tarscan`), the
+from those very bytes by ``tarfile`` (:mod:`~mouthguard.data.indexing.tarscan`), the
 bytes are verified whole first, and ``verify`` derives the index again and
 compares -- so the reader takes the verified index as it is.
 """
@@ -90,7 +90,7 @@ class TarUnits:
         """Shard ``number``, verified and open (None: no room for a prefetch).
 
         A gzip-compressed shard, verified whole, comes back as the tar inside it,
-        inflated into a temporary file of its own (:func:`~mouthguard.data.gztar.unpack`):
+        inflated into a temporary file of its own (:func:`~mouthguard.data.reading.gztar.unpack`):
         in the cache's directory, or without a cache the system's temporary one.
         """
         opened = self.source.open_shard(number, must=must)

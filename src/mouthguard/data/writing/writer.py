@@ -1,9 +1,9 @@
 """``ShardWriter``: samples in, a committed WebDataset-compatible dataset out.
 
 Write path, per shard: every member's USTAR header, data and padding
-(:mod:`~mouthguard.data.tarfmt`) are streamed straight to the tier with
+(:mod:`~mouthguard.data.formats.tarfmt`) are streamed straight to the tier with
 ``put(mode=CREATE)`` while the sha256 is computed on the same bytes
-(:mod:`~mouthguard.data.upload`); small pieces are gathered into 1 MiB chunks,
+(:mod:`~mouthguard.data.writing.upload`); small pieces are gathered into 1 MiB chunks,
 large members go through uncopied. When a shard is full its index is written,
 then the next shard begins. ``close()`` writes ``dataset.json`` last,
 create-only: its presence is the commit.
@@ -20,7 +20,7 @@ Invariants:
   reader, refused by a new writer (:class:`~mouthguard.errors.DatasetExistsError`)
   until :func:`discard_incomplete` removes them.
 * **Read back as written.** Keys, extensions and member names are refused
-  unless WebDataset would read them back identically (:mod:`~mouthguard.data.names`);
+  unless WebDataset would read them back identically (:mod:`~mouthguard.data.formats.names`);
   duplicate keys and empty samples are refused. Duplicate detection keeps every
   key of the dataset in memory (about 100 bytes a sample).
 
@@ -178,7 +178,7 @@ class ShardWriter:
             ``$MOUTHGUARD_MANIFEST_KEY``. With one, the manifest is signed.
         range_size: the manifest records the sha256 of every range of this many
             bytes of each shard, so readers verify (and hand out) a shard range by
-            range (:class:`~mouthguard.data.records.RangeTable`); a multiple of 512
+            range (:class:`~mouthguard.data.formats.records.RangeTable`); a multiple of 512
             in [64 KiB, 1 GiB].
 
     Raises:
