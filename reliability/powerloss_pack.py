@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mouthguard.data.pack import pack
-from mouthguard.data.stream import StreamingDataset
+from mouthguard.data.loading.stream import StreamingDataset
+from mouthguard.data.writing.pack import pack
 from mouthguard.errors import DatasetNotFoundError, MouthguardError
 from reliability.crashstates import CrashState, Log
 from reliability.fsrecord import Recorder

@@ -12,6 +12,8 @@
   (``checkpoint`` reports to them through ``checkpoint/listeners.py``, which
   ``wiring`` connects).
 * nothing but the CLI imports the CLI.
+* ``data``'s subpackages are layers of their own: ``formats`` at the bottom, then
+  writing, fetching, reading, indexing, and the torch side (``loading``) on top.
 * no two modules import each other, directly or through others: the import graph
   of ``src/mouthguard`` has no cycle at all, inside a layer included.
 
@@ -45,6 +47,23 @@ _BASE = {
     "tiers",
     "config",
 } | IO_ABOVE_TIERS
+
+#: What the parts of ``data`` build on outside it.
+_DATA_BELOW = {"errors", "pathsafety", "format", "tiers"}
+#: The parts of ``data``: its subpackages, and the modules beside them with rules of their own.
+_DATA = {
+    "data",
+    "data.formats",
+    "data.location",
+    "data.burst",
+    "data.dataset",
+    "data.writing",
+    "data.fetching",
+    "data.reading",
+    "data.indexing",
+    "data.verify",
+    "data.loading",
+}
 
 #: layer -> mouthguard sub-packages/modules it may import. A layer is the first
 #: component under ``mouthguard`` (a sub-package or a top-level module), or a
@@ -82,7 +101,26 @@ ALLOWED: dict[str, set[str]] = {
     # The kit for tier authors: above tiers only.
     "testing": {"errors", "pathsafety", "tiers", "testing"},
     # Datasets: shards, manifests (signed as checkpoints are), the cache and the loader.
-    "data": {"errors", "pathsafety", "format", "tiers", "data"},
+    # The package's __init__ exports from every part; each part names the parts below it.
+    "data": _DATA_BELOW | _DATA,
+    # What a dataset is on a tier, and the parsers of its formats: no other part of data.
+    "data.formats": _DATA_BELOW | {"data.formats"},
+    "data.location": _DATA_BELOW | {"data.location"},
+    "data.burst": set(),
+    "data.dataset": _DATA_BELOW | {"data.formats", "data.location", "data.dataset"},
+    "data.writing": _DATA_BELOW | {"data.formats", "data.location", "data.writing"},
+    "data.fetching": _DATA_BELOW
+    | {"data.formats", "data.location", "data.dataset", "data.burst", "data.fetching"},
+    "data.reading": _DATA_BELOW | {"data.formats", "data.fetching", "data.reading"},
+    # Indexing in place reads the user's files as the readers do (gzip tars, ranges).
+    "data.indexing": _DATA_BELOW
+    | {"data.formats", "data.location", "data.dataset", "data.fetching", "data.reading"}
+    | {"data.indexing"},
+    # Verifying re-indexes what it reads and compares (adopted datasets).
+    "data.verify": _DATA_BELOW | (_DATA - {"data", "data.writing", "data.loading"}),
+    # The torch side: above every part that reads.
+    "data.loading": _DATA_BELOW
+    | (_DATA - {"data", "data.writing", "data.indexing", "data.verify"}),
     # KV-cache blocks for inference: transient state over memory, disk and any tier;
     # format.signing only for the store key that MACs remote objects.
     "kvcache": {"errors", "pathsafety", "io", "format", "policy", "tiers", "kvcache"},
@@ -99,9 +137,10 @@ ALLOWED: dict[str, set[str]] = {
     "chaos": _BASE | {"checkpoint", "jobs", "chaos"},
     # The operator's web page and metrics: reads what checkpoint, jobs (the retention
     # plan) and data describe; the CLI's `serve` starts it.
-    "dashboard": _BASE | {"checkpoint", "jobs", "data", "dashboard"},
+    "dashboard": _BASE | {"checkpoint", "jobs", "dashboard"} | _DATA,
     "cli": _BASE
-    | {"checkpoint", "jobs", "demo", "plan", "chaos", "data", "weights", "dashboard", "cli"},
+    | {"checkpoint", "jobs", "demo", "plan", "chaos", "weights", "dashboard", "cli"}
+    | _DATA,
 }
 
 
@@ -346,6 +385,29 @@ def test_io_is_split_around_the_tiers() -> None:
     assert not _illegal_layers("mouthguard.io.host_ring", {"mouthguard.io.read_ahead"})
 
 
+def test_the_parts_of_data_are_layers() -> None:
+    # Each subpackage of data (and each module beside them with rules of its own) is
+    # a layer: formats build on no other part, the readers on the cache, not upward.
+    assert _layer_of("mouthguard.data.formats.manifest") == "data.formats"
+    assert _layer_of("mouthguard.data.fetching.cache") == "data.fetching"
+    assert _layer_of("mouthguard.data.dataset") == "data.dataset"
+    assert _layer_of("mouthguard.data") == "data"
+    assert _illegal_layers(
+        "mouthguard.data.formats.manifest", {"mouthguard.data.fetching.cache"}
+    ) == {"data.fetching"}
+    assert _illegal_layers(
+        "mouthguard.data.fetching.fetch", {"mouthguard.data.reading.tarread"}
+    ) == {"data.reading"}
+    assert _illegal_layers(
+        "mouthguard.data.writing.writer", {"mouthguard.data.loading.stream"}
+    ) == {"data.loading"}
+    assert not _illegal_layers(
+        "mouthguard.data.loading.stream", {"mouthguard.data.reading.tarread"}
+    )
+    every = {p.relative_to(PACKAGE).parts[1] for p in (PACKAGE / "data").glob("*/__init__.py")}
+    assert {f"data.{name}" for name in every} <= set(ALLOWED)
+
+
 def test_every_layer_is_known() -> None:
     layers = {_layer(p) for p in PACKAGE.rglob("*.py")} - {"__init__"}
     assert layers <= set(ALLOWED), f"unknown layers {layers - set(ALLOWED)}: add them to ALLOWED"
@@ -445,9 +507,9 @@ def test_the_s3_tier_is_imported_only_through_its_package() -> None:
 def test_the_s3_rule_can_fail() -> None:
     toy = {
         "mouthguard.data.location": {S3_PACKAGE},
-        "mouthguard.data.worker_preload": {"mouthguard.tiers.s3.connect"},
+        "mouthguard.data.loading.worker_preload": {"mouthguard.tiers.s3.connect"},
         "mouthguard.tiers.s3.tier": {"mouthguard.tiers.s3.connect"},  # inside: allowed
     }
     assert _s3_internals_imported_from_outside(toy) == {
-        "mouthguard.data.worker_preload": ["mouthguard.tiers.s3.connect"]
+        "mouthguard.data.loading.worker_preload": ["mouthguard.tiers.s3.connect"]
     }

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mouthguard.checkpoint.catalog import validate_run
-from mouthguard.data import names
+from mouthguard.data.formats import names
 from mouthguard.errors import FormatError, MouthguardError
 from mouthguard.integrations.dir_files import check_relative
 from mouthguard.pathsafety import (

@@ -1,6 +1,6 @@
 """``python -m benchmarks.data.ranges``: range size x reads in flight, one shard from S3.
 
-What the defaults of streamed shards (:mod:`mouthguard.data.streamed`) were
+What the defaults of streamed shards (:mod:`mouthguard.data.fetching.streamed`) were
 chosen from: a 64 MiB object on the throwaway Ceph RGW
 (:mod:`benchmarks.data.s3`), read whole as ranged GETs of each size with each
 number in flight, every range hashed (sha256) as the streamed reader does, in

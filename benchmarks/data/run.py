@@ -29,7 +29,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from benchmarks.data import config, opens, report, s3
+from benchmarks.data import config, opens, report, report_prose, s3
 from benchmarks.data.child import MARK
 from benchmarks.data.config import Cell, CellResult, Site
 from benchmarks.data.samples import sample_count
@@ -351,7 +351,7 @@ def run_info(args: argparse.Namespace, run: Runner, s3_skipped: str, label: bool
         batch_size=args.batch_size,
         step_ms=args.step_ms,
         repeats=args.repeats,
-        cache=report.cache_text(run.cache),
+        cache=report_prose.cache_text(run.cache),
         opens_problem=run.opens_problem,
         s3_problem=s3_skipped,
         server=run.server_version,

@@ -100,16 +100,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def report(
-    trace: list[traces.Request],
-    results: dict[str, dict[str, Any]],
-    args: argparse.Namespace,
-    seconds: float,
-) -> str:
-    """The Markdown report."""
-    reference = [r["tokens"] for r in results["recompute"]["requests"]]
-    prompt = sum(r.input_length for r in trace)
-    ceiling = sum(reusable_tokens(trace, BLOCK_TOKENS)) / prompt
+def _rows(results: dict[str, dict[str, Any]], reference: list[Any]) -> list[str]:
+    """One table row per configuration, its rate also as a ratio to recompute's."""
     rows = []
     summaries = {config: summarize(result) for config, result in results.items()}
     base = summaries["recompute"]
@@ -124,6 +116,20 @@ def report(
             f"{s['ttft_p50_s'] * 1e3:.0f} | {s['ttft_p90_s'] * 1e3:.0f} | {loaded} | "
             f"{failed} | {'yes' if same else 'NO'} |"
         )
+    return rows
+
+
+def report(
+    trace: list[traces.Request],
+    results: dict[str, dict[str, Any]],
+    args: argparse.Namespace,
+    seconds: float,
+) -> str:
+    """The Markdown report."""
+    reference = [r["tokens"] for r in results["recompute"]["requests"]]
+    prompt = sum(r.input_length for r in trace)
+    ceiling = sum(reusable_tokens(trace, BLOCK_TOKENS)) / prompt
+    rows = _rows(results, reference)
     identical = all(
         [r["tokens"] for r in result["requests"]] == reference for result in results.values()
     )

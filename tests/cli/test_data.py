@@ -15,7 +15,7 @@ from mouthguard.data import open_dataset
 from tests.cli.test_startup import loaded_by
 from tests.data.adopted import parquet_files, wds_tars
 from tests.data.helpers import flip_byte, shard_path, write_dataset
-from tests.data.test_pack import make_tree
+from tests.data.writing.test_pack import make_tree
 from tests.s3.fixtures import S3Bucket
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from mouthguard.data import DatasetManifest, ShardWriter
+from mouthguard.data.formats.manifest import ShardRecord, encode_manifest, parse_manifest
+from mouthguard.data.formats.tarfmt import RECORD
 from mouthguard.data.location import Target
-from mouthguard.data.manifest import ShardRecord, encode_manifest, parse_manifest
-from mouthguard.data.tarfmt import RECORD
 
 #: Shards of about 4 records (40 KiB): a few dozen samples make several shards.
 SMALL_SHARD = 4 * RECORD

@@ -20,7 +20,7 @@ from tests.s3.fixtures import S3Bucket
 
 from .adopted import gzipped, parquet_files, parquet_rows, wds_tars, webdataset_samples
 from .helpers import expected, write_dataset
-from .test_pack import make_tree
+from .writing.test_pack import make_tree
 
 N = 30
 

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from mouthguard.data import index_dataset, open_dataset, verify_dataset
-from mouthguard.data.manifest import IndexRecord, ShardRecord, encode_manifest, parse_manifest
+from mouthguard.data.formats.manifest import (
+    IndexRecord,
+    ShardRecord,
+    encode_manifest,
+    parse_manifest,
+)
 from mouthguard.errors import DatasetNotFoundError, ManifestError, SignatureError, TierError
 from mouthguard.tiers.local import LocalTier
 

@@ -117,6 +117,8 @@ class AsyncSaver:
     ) -> SaveHandle:
         """Run ``job`` (write and commit the staged image) in the background."""
         if self._executor is None:
+            # One thread of its own, not io.pool.SHARED: it orders this checkpointer's
+            # saves, and a save waits on its writes, which run on SHARED (io.direct_write).
             self._executor = ThreadPoolExecutor(
                 1, thread_name_prefix=f"mouthguard-save-{self._name}"
             )

@@ -413,24 +413,9 @@ class Checkpointer(RunCheckpoints):
         Multi-rank: a collective; every rank loads its own rank's state, and a
         checkpoint counts as valid only if every rank could load its part.
         """
-        if step is not None:
-            catalog.validate_step(step)
-            if at_or_before is not None:
-                raise ValueError("give step (exactly that one) or at_or_before, not both")
-        if at_or_before is not None:
-            catalog.validate_step(at_or_before)
+        listed = self._load_candidates(step, at_or_before)
         target = target_device(device)
         loader = Loader(self.store, self.run, self.ranks, self.manifest_keys, target, check)
-        # Every rank walks the coordinator's list, so all try the same steps in order.
-        if step is not None:
-            candidates = [step]
-        else:
-            bound = at_or_before
-            candidates = sorted(
-                (s for s in self.steps() if bound is None or s <= bound), reverse=True
-            )
-        listed = self.ranks.broadcast(list(candidates))
-        assert isinstance(listed, list)
         if step is None and at_or_before is None:
             from_peers = self._load_from_peers(loader, listed, into)
             if from_peers is not None:
@@ -452,6 +437,31 @@ class Checkpointer(RunCheckpoints):
             if listener is not None:
                 for damaged in sorted({r.step for r in rejected}):
                     listener.request_repair(self.run, damaged)
+
+    def _load_candidates(self, step: int | None, at_or_before: int | None) -> builtins.list[Any]:
+        """The steps :meth:`load` tries, newest first, as the coordinator listed them.
+
+        Every rank walks the coordinator's list, so all try the same steps in order.
+
+        Raises:
+            ValueError: both ``step`` and ``at_or_before``, or a step that is no step.
+        """
+        if step is not None:
+            catalog.validate_step(step)
+            if at_or_before is not None:
+                raise ValueError("give step (exactly that one) or at_or_before, not both")
+        if at_or_before is not None:
+            catalog.validate_step(at_or_before)
+        if step is not None:
+            candidates = [step]
+        else:
+            bound = at_or_before
+            candidates = sorted(
+                (s for s in self.steps() if bound is None or s <= bound), reverse=True
+            )
+        listed = self.ranks.broadcast(list(candidates))
+        assert isinstance(listed, list)
+        return listed
 
     def _load_from_peers(
         self, loader: Loader, listed: builtins.list[Any], into: object

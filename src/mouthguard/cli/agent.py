@@ -125,6 +125,8 @@ def _one_pass(replicator: Replicator, stop: _Stop, budget: float, grace: float) 
     """Run a pass in a worker thread; return when it ends or a stop cuts it off."""
     result = _Pass()
     started = time.monotonic()
+    # A thread of its own, not io.pool.SHARED: a pass copies through the tiers, whose
+    # large writes wait on SHARED; this thread only lets the caller see signals.
     worker = threading.Thread(
         target=_work, args=(replicator, stop, budget, result), name="mouthguard-agent", daemon=True
     )

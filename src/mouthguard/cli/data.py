@@ -60,13 +60,13 @@ from mouthguard.cli.common import (
     EXIT_USAGE,
     print_error,
 )
-from mouthguard.data.adopt import index_dataset
 from mouthguard.data.dataset import Dataset, manifest_key, open_at, resolve_keys
+from mouthguard.data.formats.manifest import PARQUET
+from mouthguard.data.indexing.adopt import index_dataset
 from mouthguard.data.location import locate
-from mouthguard.data.manifest import PARQUET
-from mouthguard.data.pack import pack, source_bytes
 from mouthguard.data.verify import ShardCheck, verify_dataset
-from mouthguard.data.writer import DEFAULT_SHARD_SIZE
+from mouthguard.data.writing.pack import pack, source_bytes
+from mouthguard.data.writing.writer import DEFAULT_SHARD_SIZE
 from mouthguard.errors import (
     DatasetExistsError,
     DatasetNotFoundError,

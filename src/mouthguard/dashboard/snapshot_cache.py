@@ -72,6 +72,8 @@ class SnapshotCache:
             return self.refresh()
         if start:
             if self._background:
+                # Not io.pool.SHARED: a refresh lists and reads small sidecars, at most
+                # one at a time, and must not queue behind a checkpoint's transfers.
                 threading.Thread(target=self._refresh_quietly, daemon=True).start()
             else:  # tests: the same refresh, in the caller's thread
                 self._refresh_quietly()

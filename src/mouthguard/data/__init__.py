@@ -13,49 +13,43 @@
     index_dataset("s3://bucket/c4")                        # the user's *.tar or *.parquet, in place
     rows = StreamingDataset("s3://bucket/c4", shuffle=True, cache_dir="/mnt/nvme/cache")
 
-Module map: :mod:`~mouthguard.data.names` (layout, key rules),
-:mod:`~mouthguard.data.tarfmt` (deterministic tar bytes),
-:mod:`~mouthguard.data.index`, :mod:`~mouthguard.data.manifest` and
-:mod:`~mouthguard.data.records` (formats and their hostile-input parsers),
-:mod:`~mouthguard.data.writer` and :mod:`~mouthguard.data.pack` (writing),
-:mod:`~mouthguard.data.adopt` (indexing a user's dataset in place:
-:mod:`~mouthguard.data.tarscan` for tars, :mod:`~mouthguard.data.pqindex` and
-:mod:`~mouthguard.data.pqfooter` for Parquet), :mod:`~mouthguard.data.dataset`
-and :mod:`~mouthguard.data.verify` (reading and checking),
-:mod:`~mouthguard.data.order` (epoch order and partitioning),
-:mod:`~mouthguard.data.cache`, :mod:`~mouthguard.data.fetch` and
-:mod:`~mouthguard.data.prefetch` (the local cache, downloads of shards and byte
-ranges, prefetch), :mod:`~mouthguard.data.streamed`,
-:mod:`~mouthguard.data.rangefetch` and :mod:`~mouthguard.data.follow` (a shard
-handed out range by range as each range verifies, the process's bounded range
-reads, other workers reading a shard being streamed), :mod:`~mouthguard.data.tarread` and
-:mod:`~mouthguard.data.pqread` (samples out of shards, rows out of row groups),
-:mod:`~mouthguard.data.stream` and :mod:`~mouthguard.data.loader` (the torch side).
+Module map, one subpackage per job (each ``__init__`` maps its own modules):
+:mod:`~mouthguard.data.formats` (the layout, key rules, tar bytes, index, manifest and
+records, each with its hostile-input parser), :mod:`~mouthguard.data.writing` (writing
+and packing shards), :mod:`~mouthguard.data.indexing` (indexing a user's tars or
+Parquet files in place), :mod:`~mouthguard.data.fetching` (the local shard cache,
+downloads of shards and byte ranges, a shard handed out range by range as each range
+verifies, prefetch), :mod:`~mouthguard.data.reading` (samples out of shards, rows out
+of row groups) and :mod:`~mouthguard.data.loading` (epoch order and partitioning, the
+saved position, the torch side). Beside them: :mod:`~mouthguard.data.location` (where
+a dataset lives), :mod:`~mouthguard.data.dataset` (a committed dataset, opened),
+:mod:`~mouthguard.data.verify` (re-reading every byte of one) and
+:mod:`~mouthguard.data.burst` (yielding to checkpoint bursts).
 
 The torch side is imported on first use, so the command line and the writer
 start without torch; pyarrow only when a Parquet dataset is indexed or read
-(:mod:`~mouthguard.data.arrow`).
+(:mod:`~mouthguard.data.formats.arrow`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mouthguard.data.adopt import index_dataset
 from mouthguard.data.burst import BurstSignal
 from mouthguard.data.dataset import Dataset, open_dataset
-from mouthguard.data.manifest import DatasetManifest, ShardRecord
-from mouthguard.data.pack import pack
+from mouthguard.data.formats.manifest import DatasetManifest, ShardRecord
+from mouthguard.data.indexing.adopt import index_dataset
 from mouthguard.data.verify import ShardCheck, VerifyReport, verify_dataset
-from mouthguard.data.writer import ShardWriter, discard_incomplete
+from mouthguard.data.writing.pack import pack
+from mouthguard.data.writing.writer import ShardWriter, discard_incomplete
 
 if TYPE_CHECKING:
-    from mouthguard.data.loader import StreamingDataLoader
-    from mouthguard.data.stream import StreamingDataset
+    from mouthguard.data.loading.loader import StreamingDataLoader
+    from mouthguard.data.loading.stream import StreamingDataset
 
 _LAZY = {
-    "StreamingDataLoader": "mouthguard.data.loader",
-    "StreamingDataset": "mouthguard.data.stream",
+    "StreamingDataLoader": "mouthguard.data.loading.loader",
+    "StreamingDataset": "mouthguard.data.loading.stream",
 }
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 :func:`open_dataset` reads ``dataset.json``, checks it as hostile input (seal,
 signature when a manifest key is configured, every field; see
-:mod:`~mouthguard.data.manifest`) and returns a :class:`Dataset`. Nothing else
+:mod:`~mouthguard.data.formats.manifest`) and returns a :class:`Dataset`. Nothing else
 is read: shards are verified by whoever reads them (the loader before yielding a
 sample of one, :func:`~mouthguard.data.verify.verify_dataset` for all of them).
 
@@ -19,16 +19,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from mouthguard.data import names
-from mouthguard.data.index import ShardIndex, parse_index
-from mouthguard.data.location import Location, Target, locate
-from mouthguard.data.manifest import (
+from mouthguard.data.formats import names
+from mouthguard.data.formats.index import ShardIndex, parse_index
+from mouthguard.data.formats.manifest import (
     MAX_MANIFEST_BYTES,
     DatasetManifest,
     ParquetRecord,
     ShardRecord,
     parse_manifest,
 )
+from mouthguard.data.location import Location, Target, locate
 from mouthguard.errors import (
     DatasetNotFoundError,
     ManifestError,
@@ -76,7 +76,7 @@ class Dataset:
 
     @property
     def fingerprint(self) -> str:
-        """``sha256:<hex>`` naming the content (:func:`~mouthguard.data.manifest.fingerprint`)."""
+        """``sha256:<hex>`` naming the content (``formats.manifest.fingerprint``)."""
         return self.manifest.fingerprint
 
     def shard_key(self, shard: ShardRecord) -> str:
@@ -114,7 +114,7 @@ class Dataset:
 def check_index(shard: ShardRecord, raw: bytes, *, adopted: bool = False) -> ShardIndex:
     """``raw`` as ``shard``'s index: size and sha256 against the manifest, then parsed.
 
-    ``adopted``: the shard is a user's tar (:func:`~mouthguard.data.index.parse_index`).
+    ``adopted``: the shard is a user's tar (:func:`~mouthguard.data.formats.index.parse_index`).
 
     Raises:
         ShardDamagedError: any mismatch; the message names the shard.

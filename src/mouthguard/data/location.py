@@ -16,7 +16,7 @@ first reads. The S3 client (obstore, on a tokio runtime) does not survive
 client -- so an S3 location inherited across a fork is refused with an
 explanation (:meth:`Location.reopened`) instead of hanging; DataLoader workers
 for S3 datasets come from a fork server or are spawned
-(:class:`~mouthguard.data.loader.StreamingDataLoader` uses the fork server by
+(:class:`~mouthguard.data.loading.loader.StreamingDataLoader` uses the fork server by
 itself). Reading never creates anything: a path that is not a
 directory is :class:`~mouthguard.errors.DatasetNotFoundError`.
 """

@@ -11,7 +11,7 @@ samples the index lists -- and, where the manifest has a range table (version
 bytes, so a shard passes only if both the whole-shard and the per-range
 sha256s are right. An adopted shard's headers are the user's writer's
 (long names, PAX), so instead its index is derived again from the bytes as
-they go by (:mod:`~mouthguard.data.tarscan`, the same one pass that hashes
+they go by (:mod:`~mouthguard.data.indexing.tarscan`, the same one pass that hashes
 them) and must equal the stored one.
 
 Per Parquet file: its size, then every byte in one pass, hashing the file, its
@@ -44,16 +44,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from mouthguard.data import names, tarfmt
-from mouthguard.data.adopt import data_paths
 from mouthguard.data.dataset import Dataset, open_dataset
-from mouthguard.data.gztar import GzipError, gunzip
-from mouthguard.data.index import ShardIndex
+from mouthguard.data.fetching.ranged import DEFAULT_PARALLEL, DEFAULT_RANGE_SIZE, read_ranges
+from mouthguard.data.formats import names, tarfmt
+from mouthguard.data.formats.index import ShardIndex
+from mouthguard.data.formats.manifest import ParquetRecord, ShardRecord
+from mouthguard.data.formats.rangehash import FixedRanges, RangeHasher
+from mouthguard.data.indexing.adopt import data_paths
+from mouthguard.data.indexing.tarscan import scan_tar
 from mouthguard.data.location import Target
-from mouthguard.data.manifest import ParquetRecord, ShardRecord
-from mouthguard.data.ranged import DEFAULT_PARALLEL, DEFAULT_RANGE_SIZE, read_ranges
-from mouthguard.data.rangehash import FixedRanges, RangeHasher
-from mouthguard.data.tarscan import scan_tar
+from mouthguard.data.reading.gztar import GzipError, gunzip
 from mouthguard.errors import (
     AdoptionError,
     ObjectNotFoundError,
@@ -262,7 +262,7 @@ def check_parquet_bytes(dataset: Dataset, record: ParquetRecord, **read: int) ->
         TierError: the file could not be read (ObjectNotFoundError: it is missing).
         MissingDependencyError: pyarrow is not installed (to parse the footer).
     """
-    from mouthguard.data.pqfooter import FooterError, parse_footer, row_group_ranges  # noqa: PLC0415
+    from mouthguard.data.formats.pqfooter import FooterError, parse_footer, row_group_ranges  # noqa: PLC0415
 
     key = dataset.file_key(record)
     _check_size(dataset, key, record.name, record.size)
@@ -369,6 +369,9 @@ def verify_dataset(
             on_shard(check)
         return check
 
+    # Not io.pool.SHARED: a job is a whole shard (its ranged reads, on data.ranged's
+    # threads, and its hash); on SHARED it would hold a thread that checkpoint writes
+    # and loads need for as long as that takes.
     items: tuple[ShardRecord | ParquetRecord, ...] = (*dataset.shards, *dataset.files)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="verify") as pool:
         checks = tuple(pool.map(one, items))

@@ -121,6 +121,8 @@ class BackgroundService(CheckpointListener):
             if self._thread is not None and self._thread.is_alive():
                 return
             self._stop = False
+            # A loop of its own, not io.pool.SHARED: its copies put through the tiers,
+            # whose large writes run on SHARED and are waited for (a deadlock on SHARED).
             self._thread = threading.Thread(
                 target=self._loop, name=f"mouthguard-replication[{self.store.source}]", daemon=True
             )

@@ -47,6 +47,8 @@ class Mover:
         self.failures = 0
         self._closed = False
         self._lock = threading.Lock()
+        # One thread, not io.pool.SHARED: the order of its queue is the contract
+        # (prefetch before store), and it is the one writer of the active segment.
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

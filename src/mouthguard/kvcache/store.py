@@ -26,7 +26,6 @@ Contracts:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -37,12 +36,13 @@ import numpy.typing as npt
 
 from mouthguard.errors import KVCacheError
 from mouthguard.format.signing import KeySpec, keys_from_env, manifest_keys
-from mouthguard.kvcache.blocks import Block, decode, encode, rebuild
+from mouthguard.kvcache.blocks import Block, encode
 from mouthguard.kvcache.disk import DiskLevel
 from mouthguard.kvcache.keys import KeyChain, KVNamespace
 from mouthguard.kvcache.mover import MAINTENANCE, PREFETCH, STORE, Mover
 from mouthguard.kvcache.placement import ON_FULL, Placement
 from mouthguard.kvcache.policy import make_policy
+from mouthguard.kvcache.reading import read_prefix
 from mouthguard.kvcache.remote import RemoteLevel, remote_prefix
 from mouthguard.kvcache.writedown import WriteDown
 from mouthguard.policy.importance import Importance
@@ -309,77 +309,9 @@ class KVStore:
         self._check_open()
         if view and (out is not None or device is not None):
             raise KVCacheError("get(view=True) returns the store's bytes: not with out or device")
-        placement = self._placement
         keys = self.keys(token_ids)
-        # The leading run of memory hits: looked up under one lock hold, copied
-        # outside it (a payload's bytes are never written after creation).
-        started = time.perf_counter()
-        hot = placement.memory_run(keys)
-        lookup = (time.perf_counter() - started) / max(1, len(hot))
-        result: list[Block] = []
-        times: list[float] = []
-        plain = out is None and device is None
-        clock = time.perf_counter
-        for index, payload in enumerate(hot):
-            began = clock()
-            if plain:  # the common case, inlined: one copy, rebuilt as the caller's type
-                result.append(rebuild(payload.data if view else payload.data.copy(), payload.desc))
-            elif out is not None and index < len(out):  # straight into the caller's buffer
-                result.append(decode(payload.data, payload.desc, out=out[index]))
-            else:
-                result.append(decode(payload.data.copy(), payload.desc, device=device))
-            times.append(lookup + clock() - began)
-        if hot:
-            placement.record_memory_hits(times, hot[0].nbytes)
-        for index in range(len(hot), len(keys)):
-            found = self._get_one(
-                keys[index],
-                index,
-                out=out,
-                device=device,
-                promote=promote,
-                view=view,
-                result=result,
-            )
-            if not found:
-                break
-        return result
-
-    def _get_one(
-        self,
-        key: bytes,
-        index: int,
-        *,
-        out: Sequence[Block] | None,
-        device: Any,
-        promote: bool,
-        view: bool,
-        result: list[Block],
-    ) -> bool:
-        """Read one block from wherever it is now into ``result``; False on a miss."""
         placement = self._placement
-        started = time.perf_counter()
-        found = placement.read(key)
-        if found is None:
-            return False
-        target = out[index] if out is not None and index < len(out) else None
-        data = found.data
-        if found.shared:
-            if target is not None:
-                result.append(decode(data, found.desc, out=target))
-            else:
-                data = data if view else data.copy()
-                result.append(decode(data, found.desc, device=device))
-            placement.record_memory_hits([time.perf_counter() - started], data.nbytes)
-            return True
-        if promote:
-            # The memory copy must not share bytes with what the caller may write.
-            # (a view's caller only reads, so the two may share them)
-            mine = data if target is not None or view else data.copy()
-            with placement.lock:
-                placement.promote(key, mine, found)
-        result.append(decode(data, found.desc, out=target, device=device))
-        return True
+        return read_prefix(placement, keys, out=out, device=device, promote=promote, view=view)
 
     def get_many(self, requests: Iterable[TokenIds], **kwargs: Any) -> list[list[Block]]:
         """:meth:`get` for several requests (``out`` is not accepted here)."""

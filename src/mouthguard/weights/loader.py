@@ -145,9 +145,7 @@ def load(
     found = open_weights(
         source, prefix=prefix, run=run, step=step, files=files, cache_dir=cache_dir
     )
-    remote, cache, opened = found.remote, found.cache, found.source
-    downloaded, refreshed = found.downloaded, list(found.refreshed)
-    use_gds, gds_reason = _gds_choice(gds, target, opened)
+    use_gds, gds_reason = _gds_choice(gds, target, found.source)
     options = _Options(
         target,
         verify,
@@ -158,25 +156,12 @@ def load(
         slot_bytes,
         on_file,
     )
-    damaged: list[WeightFile] = []
-    try:
-        done = _read_all(opened, options, damaged)
-    except ChecksumMismatchError:
-        if cache is None or not damaged:
-            raise
-        # The node-local copy rotted since it was cached (the remote one was verified
-        # when downloaded): drop the damaged files and fetch them again, once.
-        for file in damaged:
-            log.warning(
-                "cached %s of %s is damaged: downloading it again", file.name, remote.description
-            )
-            opened.tier.delete(file.key)
-        local = localize(remote, cache)
-        opened, downloaded = local.source, downloaded + local.downloaded
-        refreshed.extend(local.refreshed)
-        done = _read_all(opened, options, [])
-    result = LoadedWeights({}, opened.description, opened.kind, str(target), downloaded=downloaded)
-    result.refreshed_files = refreshed
+    done, found = _read_refetching(found, options)
+    opened = found.source
+    result = LoadedWeights(
+        {}, opened.description, opened.kind, str(target), downloaded=found.downloaded
+    )
+    result.refreshed_files = list(found.refreshed)
     result.gds, result.gds_reason = use_gds, gds_reason
     _collect(result, done)
     result.seconds = time.perf_counter() - started
@@ -224,6 +209,41 @@ def open_weights(
         return OpenedWeights(remote, remote, None)
     local = localize(remote, cache)
     return OpenedWeights(remote, local.source, cache, local.downloaded, tuple(local.refreshed))
+
+
+def _read_refetching(
+    found: OpenedWeights, options: _Options
+) -> tuple[list[tuple[FilePlan, list[torch.Tensor], int]], OpenedWeights]:
+    """Every file of ``found`` read; a damaged node-local copy is fetched again, once.
+
+    The local copy rotted since it was cached (the remote one was verified when
+    downloaded): its damaged files are dropped, :func:`localize` downloads them
+    again, and the second read's source and counts are returned with its tensors.
+
+    Raises:
+        ChecksumMismatchError: damage where there is no cache to fetch into again,
+            or in the copy fetched again.
+    """
+    damaged: list[WeightFile] = []
+    try:
+        return _read_all(found.source, options, damaged), found
+    except ChecksumMismatchError:
+        if found.cache is None or not damaged:
+            raise
+    for file in damaged:
+        log.warning(
+            "cached %s of %s is damaged: downloading it again", file.name, found.remote.description
+        )
+        found.source.tier.delete(file.key)
+    local = localize(found.remote, found.cache)
+    again = OpenedWeights(
+        found.remote,
+        local.source,
+        found.cache,
+        found.downloaded + local.downloaded,
+        (*found.refreshed, *local.refreshed),
+    )
+    return _read_all(again.source, options, []), again
 
 
 def _collect(result: LoadedWeights, done: list[tuple[FilePlan, list[torch.Tensor], int]]) -> None:
@@ -278,6 +298,9 @@ def _read_all(
         return done
 
     workers = options.parallel_files
+    # Its own pool, not io.pool.SHARED: each job here waits on its file's reads, which
+    # run on SHARED (io.host_ring, io.read_ahead); on SHARED, jobs waiting for reads
+    # queued behind themselves would deadlock once every thread held one.
     with ThreadPoolExecutor(workers, thread_name_prefix="mouthguard-weights") as pool:
         done = list(pool.map(one, source.files))
     if options.target.type == "cuda":

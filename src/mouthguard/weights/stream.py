@@ -223,6 +223,8 @@ class _Hashing:
     def __init__(self, mapped: mmap.mmap, size: int, plan: FilePlan) -> None:
         self._hasher = StreamHasher(with_sha256=plan.file.sha256 is not None)
         self._error: BaseException | None = None
+        # Its own thread, not io.pool.SHARED: it hashes one file from end to end while
+        # the engine takes the views, and would hold a shared thread all that time.
         self._thread = threading.Thread(
             target=self._run, args=(mapped, size), name="mouthguard-weights-hash", daemon=True
         )

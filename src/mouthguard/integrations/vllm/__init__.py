@@ -27,7 +27,7 @@ from typing import Any
 #: public name -> the module that defines it (each imports vLLM).
 _LAZY = {
     "MouthguardConnector": "mouthguard.integrations.vllm.connector",
-    "MouthguardMetadata": "mouthguard.integrations.vllm.connector",
+    "MouthguardMetadata": "mouthguard.integrations.vllm.transfer",
 }
 
 __all__ = ["MouthguardConnector", "MouthguardMetadata"]

@@ -45,10 +45,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -61,6 +59,13 @@ from mouthguard.errors import KVCacheError
 from mouthguard.integrations.vllm.channel import LookupClient, LookupServer, socket_path
 from mouthguard.integrations.vllm.loading import MAX_ASYNC_LOADS, BackgroundLoads
 from mouthguard.integrations.vllm.options import open_remote, parse_options, rank_disk_dir
+from mouthguard.integrations.vllm.transfer import (
+    Match,
+    MouthguardMetadata,
+    Tracked,
+    Transfer,
+    copy_page,
+)
 from mouthguard.kvcache import KVNamespace, KVStore
 
 if TYPE_CHECKING:
@@ -75,73 +80,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Transfer:
-    """One request's load or save in one step.
-
-    Attributes:
-        req_id: the request.
-        tokens: the request's tokens up to the end of the last block concerned.
-        first: index of the first block concerned (blocks before it are not moved).
-        block_ids: the engine's pages of blocks ``first, first + 1, ...``.
-    """
-
-    req_id: str
-    tokens: list[int]
-    first: int
-    block_ids: list[int]
-
-
-@dataclass
-class MouthguardMetadata(KVConnectorMetadata):  # type: ignore[misc]  # vLLM is untyped
-    """What the scheduler tells the workers for one step."""
-
-    loads: list[Transfer] = field(default_factory=list)  # before this step's forward
-    async_loads: list[Transfer] = field(default_factory=list)  # on the worker's thread
-    saves: list[Transfer] = field(default_factory=list)
-
-
-def _copy(target: torch.Tensor, source: torch.Tensor) -> None:
-    """``target.copy_(source)`` for one page, as one memcpy on this thread when on the host.
-
-    A page is a few hundred KiB, above torch's grain for splitting a copy over its
-    thread pool, and on a CPU engine those threads are the forward's: each small
-    copy then waits for busy threads (a prefix hit's 15 x 8 pages took ~1 s that
-    way on a loaded 2-core machine, ~50 ms as plain memcpys). numpy copies on the
-    calling thread. Other devices, and pages numpy cannot view, take torch's copy.
-    """
-    host = target.device.type == "cpu" and source.device.type == "cpu"
-    if not host or target.dtype != source.dtype or target.shape != source.shape:
-        target.copy_(source)
-        return
-    if target.dim() == 0 or target.stride(-1) != 1 or source.stride(-1) != 1:
-        target.copy_(source)
-        return
-    np.copyto(target.view(torch.uint8).numpy(), source.view(torch.uint8).numpy())
-
-
-class _Match(NamedTuple):
-    """What ``get_num_new_matched_tokens`` found, for ``update_state_after_alloc``."""
-
-    hit: int  # tokens to load (whole blocks, short of the prompt's last token)
-    stored_blocks: int  # leading blocks the stores hold (may be one more than loaded)
-    asynchronous: bool  # offered as an async load
-
-
-@dataclass
-class _Tracked:
-    """The scheduler's record of one live request."""
-
-    request: Request
-    stored_blocks: int = 0  # leading blocks the store holds (none of these is saved again)
-    load: Transfer | None = None
-    load_async: bool = False  # the load runs while the request waits (WAITING_FOR_REMOTE_KVS)
-    failed_pages: set[int] = field(default_factory=set)  # of ``load``, reported so far
-    pinned: list[int] | None = None
-    loaded_tokens: int = 0
-    failed_tokens: int = 0
-    async_loads: int = 0  # loads that ran on the worker's thread while the request waited
+# ``Transfer`` and ``MouthguardMetadata`` live in .transfer; scripts import them from here
+__all__ = ["MouthguardConnector", "MouthguardMetadata", "Transfer"]
 
 
 class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is untyped
@@ -183,8 +123,8 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
                 )
             paths = [socket_path(self._engine_id, rank) for rank in range(self._tp_size)]
             self._client = LookupClient(paths)
-            self._tracked: dict[str, _Tracked] = {}
-            self._matched: dict[str, _Match] = {}
+            self._tracked: dict[str, Tracked] = {}
+            self._matched: dict[str, Match] = {}
             self._pending_loads: list[Transfer] = []
             self._pending_async: list[Transfer] = []
             self._loading: set[str] = set()  # async loads not yet reported finished
@@ -217,7 +157,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         # at the bound, a load runs inside the forward instead of waiting for a slot
         asynchronous = self._options.async_load and new > 0
         asynchronous = asynchronous and len(self._loading) < MAX_ASYNC_LOADS
-        self._matched[request.request_id] = _Match(hit, stored // self._block, asynchronous)
+        self._matched[request.request_id] = Match(hit, stored // self._block, asynchronous)
         return new, asynchronous
 
     def update_state_after_alloc(
@@ -225,10 +165,10 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
     ) -> None:
         """Track the request; plan and pin its load when there is one."""
         req_id = request.request_id
-        hit, stored_blocks, asynchronous = self._matched.pop(req_id, _Match(0, 0, False))
+        hit, stored_blocks, asynchronous = self._matched.pop(req_id, Match(0, 0, False))
         tracked = self._tracked.get(req_id)
         if tracked is None:
-            tracked = self._tracked[req_id] = _Tracked(request)
+            tracked = self._tracked[req_id] = Tracked(request)
         tracked.stored_blocks = stored_blocks
         if num_external_tokens <= 0:
             return
@@ -335,7 +275,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         }
         return request.request_id in self._loading, {"mouthguard": counts}
 
-    def _settle_sync_load(self, tracked: _Tracked, request: Request) -> None:
+    def _settle_sync_load(self, tracked: Tracked, request: Request) -> None:
         """Count a sync load whose step's output this connector has not seen yet.
 
         vLLM finishes a request that stops in the step its load ran in (``max_tokens=1``)
@@ -358,7 +298,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
         elif request.status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_IGNORED):
             tracked.loaded_tokens += tokens  # stopped, length-capped, repetition: by its output
 
-    def _unpin(self, tracked: _Tracked) -> None:
+    def _unpin(self, tracked: Tracked) -> None:
         if tracked.pinned is None:
             return
         pinned, tracked.pinned = tracked.pinned, None
@@ -466,7 +406,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
                 log.warning("mouthguard: a stored block of %s is of another shape", load.req_id)
                 break
             for index, layer in enumerate(layers):
-                _copy(layer[page], block[index])
+                copy_page(layer[page], block[index])
             usable += 1
         return list(load.block_ids[usable:])
 
@@ -497,7 +437,7 @@ class MouthguardConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM is 
             shape = (len(save.block_ids), *self._block_shape())
             staging = self._staging[save.req_id] = torch.empty(shape, dtype=kv_layer.dtype)
         for row, page in enumerate(save.block_ids):
-            _copy(staging[row, index], kv_layer[page])
+            copy_page(staging[row, index], kv_layer[page])
 
     def wait_for_save(self) -> None:
         """Put the step's completed blocks (``wait=False``: the disk write is not awaited)."""

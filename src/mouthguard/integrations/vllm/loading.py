@@ -11,7 +11,8 @@ flight on a worker (queued or running); the scheduler side stops offering
 asynchronous loads at that count, so a worker never refuses one in practice (if
 it does, that load's pages are reported failed: a recompute, never a wrong token).
 One thread: loads read the store and copy on the host, and a second thread would
-only compete with the forward pass for the same cores.
+only compete with the forward pass for the same cores. Not :data:`mouthguard.io.pool.SHARED`:
+the one thread is what orders the loads, and the KV store's reads do not use that pool.
 """
 
 from __future__ import annotations

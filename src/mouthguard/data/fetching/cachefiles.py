@@ -1,0 +1,79 @@
+r"""The shard cache's file primitives: sha256 of a file's bytes, stat stamps, ``flock``\ s.
+
+Used by :mod:`~mouthguard.data.fetching.cache` and by the readers that verify files in
+place (:mod:`~mouthguard.data.fetching.verified`). A stamp is the ``stat`` key of a file as
+it was when its bytes last hashed right (see the cache's module docstring).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+#: Bytes hashed per ``pread``: large enough to amortise the call, small enough to bound RAM.
+_HASH_CHUNK = 8 * 1024 * 1024
+
+
+def hash_range(fd: int, start: int, size: int) -> str:
+    """sha256 hex of bytes ``[start, start + size)`` of ``fd`` ("" if the file is shorter)."""
+    digest = hashlib.sha256()
+    done = 0
+    while done < size:
+        chunk = os.pread(fd, min(_HASH_CHUNK, size - done), start + done)
+        if not chunk:
+            return ""  # a wrong size never matches a sha256
+        digest.update(chunk)
+        done += len(chunk)
+    return digest.hexdigest()
+
+
+def hash_fd(fd: int, size: int) -> str:
+    """sha256 hex of the first ``size`` bytes of ``fd`` (and of nothing past them)."""
+    if os.pread(fd, 1, size):
+        return ""  # longer than it should be
+    return hash_range(fd, 0, size)
+
+
+def read_stamp(path: Path) -> list[int] | None:
+    """The stat key a stamp file records; None if it is missing or unreadable."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, list) else None
+
+
+def stat_key(fd: int) -> list[int]:
+    """``[device, inode, size, mtime_ns, ctime_ns]`` of ``fd``, as a verification stamp holds."""
+    st = os.fstat(fd)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def try_exclusive(path: Path) -> int | None:
+    """An fd holding an exclusive lock on ``path``, or None if someone holds it (or it is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
