@@ -58,4 +58,6 @@ def test_the_profile_names_the_recovery(tmp_path: Path) -> None:
         assert "1MiB per rank: no S3 recovery (Ceph programs missing" in done.stdout
         pytest.skip(f"the S3 profile was not run: Ceph programs missing: {', '.join(missing)}")
     s3 = done.stdout.split("1MiB per rank: the slowest rank's S3 recovery")[1]
-    assert "tiers/s3" in s3 and "resume_from_peers" not in s3
+    # A profile of a load that did not go through peer memory. (Which S3 functions
+    # reach its top lines at 1 MiB varies from run to run, so none is named.)
+    assert "(load)" in s3 and "resume_from_peers" not in s3
