@@ -231,11 +231,12 @@ class StreamedShard(ShardFile):
                     errors.append(exc)
                 else:
                     errors.append(None)
-        # The request's bytes are released above: a range read again alone keeps the
-        # bytes held by this thread within one request's.
+        # The request's bytes are released above (and its errors hold none): a range
+        # read again alone keeps the bytes held by this thread within one request's.
         for j in mismatched:
             try:
-                self._store(j, memoryview(self._get(j, 1)), self.table.span(j, self.size)[0])
+                with memoryview(self._get(j, 1)) as again:
+                    self._store(j, again, self.table.span(j, self.size)[0])
             except RangeMismatchError as exc:
                 errors[j - k] = ShardDamagedError(f"{exc} (read twice)", shard=self.name)
             except Exception as exc:  # noqa: BLE001 - kept for the reader, who raises it
@@ -264,14 +265,16 @@ class StreamedShard(ShardFile):
             return not self._cond.wait_for(lambda: self._closed, timeout=seconds)
 
     def _store(self, k: int, got: memoryview, got_at: int) -> None:
-        """Check range ``k`` and write it: its part of ``got``, bytes read from ``got_at``."""
+        """Check range ``k`` and write it: its part of ``got``, bytes read from ``got_at``.
+
+        ``got`` holds the whole range (:func:`get_range` returns every byte asked
+        for). A mismatch raises with the range's view released, so the error,
+        kept for the reader, holds none of the bytes.
+        """
         offset, length = self.table.span(k, self.size)
         data = got[offset - got_at : offset - got_at + length]
-        if len(data) != length:
-            raise ShardDamagedError(
-                f"{self.name}: short read of range {k} at byte {offset}", shard=self.name
-            )
         if hashlib.sha256(data).hexdigest() != self.table.sha256[k]:
+            data.release()
             raise RangeMismatchError(
                 f"{self._prefix}{self.name}: range {k} (bytes {offset} to {offset + length}): "
                 "sha256 does not match the manifest",
