@@ -2,8 +2,9 @@
 
 Writes the same samples in each named reader's format (:mod:`benchmarks.data.writers`)
 into a temp dir on the local disk, then runs each reader's cell with no DataLoader
-workers (direct iteration: every sample is produced in the process that is
-profiled) in a fresh process, a cold epoch and a warm one as in
+workers by default (direct iteration: every sample is produced in the process
+that is profiled; ``--workers N`` for N, whose own work the profile then does
+not see) in a fresh process, a cold epoch and a warm one as in
 :mod:`benchmarks.data.child`, and prints each epoch's samples/s and the top
 functions by own time of a ``cProfile`` enabled during the epochs only (cold
 and warm together; imports and building the loader not included; the epoch's
@@ -35,17 +36,26 @@ from benchmarks.state import parse_size
 
 
 def profile_reader(reader: str, root: Path, args: argparse.Namespace) -> None:
-    """Run ``reader``'s direct-iteration cell under cProfile; print its figures and top lines."""
+    """Run ``reader``'s cell under cProfile; print its figures and top lines."""
     count = args.size // args.sample_size
     cell = Cell(
-        reader, "local", 0, "throughput", str(root), count, args.sample_size, 32, 0.0, False
+        reader,
+        "local",
+        args.workers,
+        "throughput",
+        str(root),
+        count,
+        args.sample_size,
+        32,
+        0.0,
+        False,
     )
     out = root / f"{reader}.prof"
     command = [sys.executable, "-m", "benchmarks.data.profile", "--cell", cell.to_json(), str(out)]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     line = next(x for x in reversed(done.stdout.splitlines()) if x.startswith(MARK))
     result = CellResult.from_json(line[len(MARK) :])
-    print(f"\n### {reader}: {count} samples of {args.sample_size} B, 0 workers, local")
+    print(f"\n### {reader}: {count} samples of {args.sample_size} B, {args.workers} workers, local")
     print(f"load before: {os.getloadavg()[0]:.1f}")
     for epoch in result.epochs:
         print(
@@ -82,6 +92,9 @@ def main() -> None:
     parser.add_argument("--sample-size", type=parse_size, default=parse_size("100K"))
     parser.add_argument("--shard-size", type=parse_size, default=parse_size("16M"))
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument(
+        "--workers", type=int, default=0, help="DataLoader workers (their work is not profiled)"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix=".mouthguard-data-profile-"))
     try:
