@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mouthguard.data.ranged import RangeReadError, ShortReadError, get_range, read_ranges
+from mouthguard.data.fetching.ranged import RangeReadError, ShortReadError, get_range, read_ranges
 from mouthguard.errors import ObjectNotFoundError, ShardDamagedError
 from mouthguard.tiers import Tier
 from mouthguard.tiers.faults import FaultPlan, FaultyTier
