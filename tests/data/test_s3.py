@@ -15,7 +15,9 @@ from mouthguard.data import (
     pack,
     verify_dataset,
 )
-from mouthguard.errors import DatasetError, ShardDamagedError
+from mouthguard.errors import DatasetError, ShardDamagedError, TierError
+from mouthguard.tiers.s3 import S3Tier
+from tests.s3.fault_proxy import FaultProxy
 from tests.s3.fixtures import S3Bucket
 
 from .adopted import gzipped, parquet_files, parquet_rows, wds_tars, webdataset_samples
@@ -188,3 +190,59 @@ def test_parquet_in_a_bucket_is_indexed_streamed_by_row_group_and_checked(
     assert bad.name == "data/train-00001-of-00002.parquet" and "row group 1" in bad.reason
     with pytest.raises(ShardDamagedError, match="row group 1"):
         list(StreamingDataset(url, cache_dir=tmp_path / "fresh"))
+
+
+def _shard_get(method: str, target: str) -> bool:
+    """A GET of a shard (not a HEAD, an index or the manifest)."""
+    return method == "GET" and target.split("?", maxsplit=1)[0].endswith(".tar")
+
+
+def test_ranged_reads_survive_the_object_store_failing_them(
+    s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    """Shard GETs through a fault-injecting proxy get 500s, 503 SlowDown, connection
+    resets, truncated bodies and a timeout, with the S3 client's own retries off: the
+    dataset's retries absorb every one, and every sample comes back exactly."""
+    server = s3_bucket.server
+    if server.endpoint is None or not server.endpoint.startswith("http://"):
+        pytest.skip("the fault proxy fronts a plain-HTTP endpoint")
+    write_dataset(s3_bucket.tier(), n=300, shard_size=200 * 1024, range_size=64 * 1024)
+
+    with FaultProxy(server.endpoint, seed=2, timeout_delay=1.5) as proxy:
+        options = {**server.tier_options(), "endpoint": proxy.endpoint}
+        tier = S3Tier(s3_bucket.url, **options, max_retries=0, request_timeout=1.0, read_only=True)
+        stream = StreamingDataset(
+            tier, prefix="ds", cache_dir=tmp_path / "cache", range_coalesce=1, range_retries=20
+        )
+        for kind in ("error_500", "slow_down", "reset", "truncate"):
+            proxy.inject_next(kind, 2, match=_shard_get)
+        proxy.inject_next("timeout", 1, match=_shard_get)
+        got = {s["__key__"]: {k: v for k, v in s.items() if k != "__key__"} for s in stream}
+        assert proxy.counts == {
+            "error_500": 2,
+            "slow_down": 2,
+            "timeout": 1,
+            "reset": 2,
+            "truncate": 2,
+        }
+    assert got == expected(300)
+
+
+def test_a_range_the_object_store_always_fails_names_the_dataset_shard_and_bytes(
+    s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    server = s3_bucket.server
+    if server.endpoint is None or not server.endpoint.startswith("http://"):
+        pytest.skip("the fault proxy fronts a plain-HTTP endpoint")
+    write_dataset(s3_bucket.tier(), n=N)
+    with FaultProxy(server.endpoint, seed=2) as proxy:
+        options = {**server.tier_options(), "endpoint": proxy.endpoint}
+        tier = S3Tier(s3_bucket.url, **options, max_retries=0, read_only=True)
+        stream = StreamingDataset(tier, prefix="ds", cache_dir=tmp_path / "c", range_retries=1)
+        proxy.inject_next("error_500", 1000, match=_shard_get)
+        with pytest.raises(TierError) as caught:
+            next(iter(stream))
+    assert str(caught.value).startswith(
+        f"{tier.location('ds')}: shard shard-000000.tar: bytes 0 to "
+    )
+    assert "could not be read (2 tries; the last failed with: " in str(caught.value)

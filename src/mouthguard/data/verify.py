@@ -196,6 +196,11 @@ def _check_size(dataset: Dataset, key: str, name: str, expected: int) -> None:
         )
 
 
+def _sizes(read: dict[str, int]) -> tuple[int, int]:
+    """``(range_size, parallel)`` of a ``**read`` (their defaults where not given)."""
+    return read.get("range_size", DEFAULT_RANGE_SIZE), read.get("parallel", DEFAULT_PARALLEL)
+
+
 def check_adopted_bytes(
     dataset: Dataset, shard: ShardRecord, index: ShardIndex, **read: int
 ) -> None:
@@ -207,7 +212,10 @@ def check_adopted_bytes(
     """
     key = dataset.shard_key(shard)
     _check_size(dataset, key, shard.name, shard.size)
-    chunks = read_ranges(dataset.location.tier, key, shard.size, shard=shard.name, **read)
+    size, parallel = _sizes(read)
+    chunks = read_ranges(
+        dataset.location.tier, key, shard.size, shard=shard.name, range_size=size, parallel=parallel
+    )
     ranges = _range_hasher(shard)
     digest = hashlib.sha256()  # the file's bytes as stored (compressed or not)
 
@@ -270,8 +278,14 @@ def check_parquet_bytes(dataset: Dataset, record: ParquetRecord, **read: int) ->
     hasher = RangeHasher(
         [(g.offset, g.size) for g in record.row_groups] + [(footer.offset, footer.size)]
     )
+    size, parallel = _sizes(read)
     for start, data in read_ranges(
-        dataset.location.tier, key, record.size, shard=record.name, **read
+        dataset.location.tier,
+        key,
+        record.size,
+        shard=record.name,
+        range_size=size,
+        parallel=parallel,
     ):
         hasher.feed(start, data)
     *digests, footer_sha = hasher.digests()

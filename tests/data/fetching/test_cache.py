@@ -89,12 +89,31 @@ def test_an_altered_entry_is_detected_and_downloaded_again(tmp_path: Path) -> No
 
 
 def test_a_download_that_does_not_match_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    """Downloaded twice (the object may have been read mid-overwrite), then refused."""
     cache = ShardCache(tmp_path, None, "stat")
-    fetch = Fetches().of(blob(4), deliver=blob(5))
+    fetches = Fetches()
+    fetch = fetches.of(blob(4), deliver=blob(5))
     with pytest.raises(ShardDamagedError, match="shard-4") as caught:
         cache.open(sha(blob(4)), SIZE, fetch, name="shard-4", must=True)
     assert caught.value.shard == "shard-4"
+    assert len(fetches.calls) == 2
     assert not list((tmp_path / "blobs").iterdir()) and not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_download_that_matches_the_second_time_is_kept(tmp_path: Path) -> None:
+    cache = ShardCache(tmp_path, None, "stat")
+    sent: list[bytes] = [blob(5), blob(4)]  # damaged on its way once, then intact
+
+    def fetch(fd: int) -> str:
+        out = sent.pop(0)
+        os.pwrite(fd, out, 0)
+        return sha(out)
+
+    file = cache.open(sha(blob(4)), SIZE, fetch, name="shard-4", must=True)
+    assert file is not None
+    assert file.read(0, SIZE) == blob(4)
+    assert not sent
+    file.close()
 
 
 def test_the_limit_evicts_least_recently_used_first(tmp_path: Path) -> None:

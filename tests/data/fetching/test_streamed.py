@@ -8,6 +8,7 @@ errors, flipped bits), so the ranges arrive slowly, fail, or are damaged.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from pathlib import Path
@@ -24,12 +25,15 @@ from mouthguard.errors import ShardDamagedError, TierError
 from mouthguard.tiers import Tier
 from mouthguard.tiers.faults import FaultPlan, FaultyTier
 from mouthguard.tiers.local import LocalTier
+from mouthguard.tiers.retry import RetryPolicy
 from mouthguard.tiers.wrapper import WrappedTier
 
 from ..helpers import as_packed_before_ranges, expected, flip_byte, shard_path, write_dataset
 
 RANGE = 64 * 1024
 N = 300  # about 450 KB: shards of 200 KB, 4 ranges each
+#: Seed of the flips in the one-read-damaged test: some ranges flipped on one read, none on two.
+FLIP_SEED = 3
 
 
 class CountingTier(WrappedTier):
@@ -143,10 +147,15 @@ def test_a_dataset_packed_before_range_tables_is_verified_whole(ds: Path, tmp_pa
 
 
 def _source(
-    ds: Path, tier: Tier, cache: Path, parallel: int, coalesce: int = 1
+    ds: Path,
+    tier: Tier,
+    cache: Path,
+    parallel: int,
+    coalesce: int = 1,
+    retry: RetryPolicy | None = None,
 ) -> tuple[ShardSource, TarUnits]:
     dataset = open_dataset(tier, prefix="ds")
-    settings = ReadSettings(parallel=parallel, coalesce=coalesce)
+    settings = ReadSettings(parallel=parallel, coalesce=coalesce, retry=retry or RetryPolicy())
     source = ShardSource(dataset, ShardCache(cache, None, "stat"), settings)
     return source, TarUnits(source)
 
@@ -184,10 +193,11 @@ def test_reads_in_flight_and_bytes_held_stay_within_the_bound(
 
 
 def test_a_failing_tier_keeps_the_bound_and_leaves_nothing_behind(ds: Path, tmp_path: Path) -> None:
-    """Reads fail at random: the error reaches the reader, no partial entry or lock remains."""
+    """Reads fail at random, not retried: the error reaches the reader, no partial entry or
+    lock remains."""
     failing = FaultPlan(error=0.5, delay=1.0, delay_seconds=0.005, ops=frozenset({"get"}))
     cache = tmp_path / "cache"
-    source, units = _source(ds, _tier(ds, failing), cache, 2)
+    source, units = _source(ds, _tier(ds, failing), cache, 2, retry=RetryPolicy(retries=0))
     opened = {u: units.open_unit(u, must=True) for u in range(len(source.dataset.shards))}
 
     def read_all() -> None:
@@ -300,3 +310,116 @@ def test_another_reader_follows_a_stream_in_progress_and_falls_back_when_it_stop
     units_a.close()
     units_b.close()
     assert not [p for p in (cache / "tmp").iterdir() if p.name.endswith(".progress")]
+
+
+# --- retries: transient failures survive, a mismatch is read once more, then refused ---------
+
+
+def _one_shard(tmp_path: Path) -> Path:
+    write_dataset(tmp_path / "one", n=N, shard_size=1024 * 1024, range_size=RANGE)
+    return tmp_path / "one" / "ds"
+
+
+def _read_shard_0(units: TarUnits, source: ShardSource) -> list[dict[str, bytes]]:
+    opened = units.open_unit(0, must=True)
+    assert isinstance(opened, StreamedShard)
+    samples = source.dataset.shards[0].samples
+    try:
+        return list(units.read({0: opened}, [0] * samples, list(range(samples))))
+    finally:
+        opened.close()
+        units.close()
+
+
+def test_transient_read_failures_are_retried_and_resume_stays_exact(
+    ds: Path, tmp_path: Path
+) -> None:
+    """A third of the shard reads fail (before reaching the disk): every sample still comes,
+    in the same order as without faults, and a position saved mid-epoch resumes exactly."""
+    plan = FaultPlan(error=0.3, ops=frozenset({"get"}), keys=".tar")
+
+    def stream(cache: str, tier: Tier) -> StreamingDataset:
+        # 30 retries: a range failing 31 times in a row (0.3**31) does not happen.
+        return StreamingDataset(
+            tier, prefix="ds", cache_dir=tmp_path / cache, shuffle=True, seed=4, range_retries=30
+        )
+
+    reference = [dict(s) for s in stream("clean", _tier(ds))]
+    faulty = _tier(ds, plan)
+    first = stream("faulty", faulty)
+    head: list[dict[str, bytes]] = []
+    for sample in first:
+        head.append(dict(sample))
+        if len(head) == 111:
+            break
+    state = first.state_dict()
+    resumed = stream("faulty-resumed", faulty)
+    resumed.load_state_dict(state)
+    tail = [dict(s) for s in resumed]
+    assert head + tail == reference  # bitwise: every sample's bytes, in the same order
+    assert faulty.injected["error"] >= 1
+
+
+def test_a_read_failing_on_every_try_names_the_dataset_shard_and_bytes(
+    ds: Path, tmp_path: Path
+) -> None:
+    plan = FaultPlan(error=1.0, ops=frozenset({"get"}), keys=".tar")
+    stream = StreamingDataset(
+        _tier(ds, plan), prefix="ds", cache_dir=tmp_path / "cache", range_retries=2
+    )
+    with pytest.raises(TierError) as caught:
+        next(iter(stream))
+    where = LocalTier(ds.parent).location("ds")
+    assert re.fullmatch(
+        rf"{re.escape(where)}: shard shard-000000\.tar: bytes 0 to \d+ "
+        r"of ds/shards/shard-000000\.tar could not be read "
+        r"\(3 tries; the last failed with: injected I/O error .*\)",
+        str(caught.value),
+    )
+
+
+def test_a_mismatched_range_is_read_once_more_then_refused(tmp_path: Path) -> None:
+    """Every read flips a bit: range 0 is read exactly twice, then refused; nothing is served."""
+    one = _one_shard(tmp_path)
+    plan = FaultPlan(flip=1.0, ops=frozenset({"get"}), keys=".tar")
+    counting = CountingTier(_tier(one, plan))
+    source, units = _source(one, counting, tmp_path / "cache", parallel=1)
+    with pytest.raises(ShardDamagedError, match=r"range 0 \(bytes 0 to 65536\): .* \(read twice\)"):
+        _read_shard_0(units, source)
+    assert sum(counting.gets.values()) == 2
+
+
+def test_a_range_damaged_on_one_read_only_is_served_from_the_second(tmp_path: Path) -> None:
+    """Reads flip a bit at random (seeded; one reader thread, so the same reads every run):
+    each flipped read costs one more read of that range, and every sample is exact."""
+    one = _one_shard(tmp_path)
+    plan = FaultPlan(flip=0.3, ops=frozenset({"get"}), keys=".tar")
+    faulty = FaultyTier(LocalTier(one.parent), plan, seed=FLIP_SEED)
+    counting = CountingTier(faulty)
+    source, units = _source(one, counting, tmp_path / "cache", parallel=1)
+    got = _read_shard_0(units, source)
+    want = expected(N)
+    assert len(got) == source.dataset.shards[0].samples
+    for sample in got:
+        assert {k: v for k, v in sample.items() if k != "__key__"} == want[str(sample["__key__"])]
+    ranges = -(-source.dataset.shards[0].size // RANGE)
+    assert faulty.injected["flip"] >= 1
+    assert sum(counting.gets.values()) == ranges + faulty.injected["flip"]
+
+
+def test_retries_keep_the_bound_on_reads_and_bytes(ds: Path, tmp_path: Path) -> None:
+    failing = FaultPlan(error=0.4, ops=frozenset({"get"}), keys=".tar")
+    retry = RetryPolicy(retries=40, backoff_initial=0.001, backoff_max=0.001)
+    source, units = _source(ds, _tier(ds, failing), tmp_path / "cache", 2, 2, retry)
+    opened = {u: units.open_unit(u, must=True) for u in range(len(source.dataset.shards))}
+    for u in opened:
+        samples = source.dataset.shards[u].samples
+        assert len(list(units.read(opened, [u] * samples, list(range(samples))))) == samples
+    fetcher = source.fetcher
+    assert fetcher is not None
+    assert fetcher.peak_in_flight <= 2
+    assert fetcher.peak_bytes <= 2 * 2 * RANGE
+    for f in opened.values():
+        assert f is not None
+        f.close()
+    units.close()

@@ -231,8 +231,9 @@ class ShardCache:
             sha256: the object's sha256 (hex), as the manifest records it.
             size: its size in bytes.
             fetch: writes the object into the given fd (at offset 0) and returns the
-                sha256 hex of what it wrote; called at most once per missing entry
-                across all processes sharing the cache.
+                sha256 hex of what it wrote; called once per missing entry across
+                all processes sharing the cache, and once more (over the same file)
+                when what it wrote does not match.
             name: the data file's name, for messages and errors.
             must: the consumer needs it now: download even beyond the limit.
             what: what the object is (``shard``, ``index``, ``row group 3``), for messages.
@@ -241,14 +242,17 @@ class ShardCache:
             The open file, or None when ``must`` is false and there is no room.
 
         Raises:
-            ShardDamagedError: the downloaded bytes do not match ``sha256``.
+            ShardDamagedError: the downloaded bytes do not match ``sha256``, twice.
             TierError: the download failed.
         """
         got = self.open_or_reserve(sha256, size, name=name, must=must)
         if not isinstance(got, Reservation):
             return got
         try:
-            _check_download(fetch(got.fd), sha256, name, what)
+            digest = fetch(got.fd)
+            if digest != sha256:  # read mid-overwrite? Once more, then refuse.
+                digest = fetch(got.fd)
+            _check_download(digest, sha256, name, what)
         except BaseException:
             got.abandon()
             raise

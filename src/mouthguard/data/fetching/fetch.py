@@ -39,7 +39,7 @@ from mouthguard.data.dataset import Dataset, check_index
 from mouthguard.data.fetching.cache import Reservation, ShardCache, ShardFile
 from mouthguard.data.fetching.follow import follow
 from mouthguard.data.fetching.nodeslots import NodeSlots
-from mouthguard.data.fetching.ranged import read_ranges
+from mouthguard.data.fetching.ranged import DEFAULT_RETRY, read_ranges
 from mouthguard.data.fetching.rangefetch import RangeFetcher
 from mouthguard.data.fetching.streamed import StreamedShard
 from mouthguard.data.fetching.verified import VerifiedFiles
@@ -48,6 +48,7 @@ from mouthguard.data.formats.part import Part
 from mouthguard.data.formats.records import ShardRecord
 from mouthguard.errors import ObjectNotFoundError, ShardDamagedError
 from mouthguard.tiers.local import LocalTier
+from mouthguard.tiers.retry import RetryPolicy
 
 #: Parsed indexes kept per dataset object (a block's shards plus those prefetched,
 #: and small datasets whole, so a second pass parses nothing).
@@ -111,13 +112,15 @@ class ReadSettings:
     the ranges of a streamed shard one read covers (adjacent ones, each still
     verified on its own: :mod:`~mouthguard.data.fetching.rangefetch`); ``node`` (None:
     none) the requests in flight of every process sharing the cache directory
-    (:mod:`~mouthguard.data.fetching.nodeslots`).
+    (:mod:`~mouthguard.data.fetching.nodeslots`); ``retry`` how a read that failed
+    transiently is retried (:func:`~mouthguard.data.fetching.ranged.get_range`).
     """
 
     range_size: int = 8 * 1024 * 1024
     parallel: int = 8
     coalesce: int = 1
     node: int | None = None
+    retry: RetryPolicy = DEFAULT_RETRY
 
 
 class ShardSource:
@@ -173,6 +176,8 @@ class ShardSource:
             range_size=self.settings.range_size,
             parallel=self.settings.parallel,
             offset=part.offset,
+            where=self.dataset.location.describe(),
+            retry=self.settings.retry,
         ):
             view, at = memoryview(data), start
             while view:
@@ -257,7 +262,15 @@ class ShardSource:
             slots = None if node is None else NodeSlots(self.cache.root / "slots", node)
             self._fetcher = RangeFetcher(self.settings.parallel, self.settings.coalesce, slots)
         try:
-            return StreamedShard(got, record.ranges, self._fetcher, self.dataset.location.tier, key)
+            return StreamedShard(
+                got,
+                record.ranges,
+                self._fetcher,
+                self.dataset.location.tier,
+                key,
+                where=self.dataset.location.describe(),
+                retry=self.settings.retry,
+            )
         except BaseException:
             got.abandon()  # its download lock above all: held, it would stall every reader
             raise

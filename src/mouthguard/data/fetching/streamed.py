@@ -48,12 +48,19 @@ from pathlib import Path
 
 from mouthguard.data.fetching.cache import PROGRESS, Reservation, ShardFile
 from mouthguard.data.fetching.follow import GIVEN_UP, VERIFIED
+from mouthguard.data.fetching.ranged import DEFAULT_RETRY, get_range
 from mouthguard.data.fetching.rangefetch import RangeFetcher
 from mouthguard.data.formats.records import RangeTable
 from mouthguard.errors import ShardDamagedError
 from mouthguard.tiers import Tier
+from mouthguard.tiers.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
+
+
+class RangeMismatchError(ShardDamagedError):
+    """A range's bytes do not match the manifest's sha256 for it."""
+
 
 _PENDING, _FLIGHT, _DONE = 0, 1, 2
 
@@ -81,6 +88,8 @@ class StreamedShard(ShardFile):
         fetcher: the process's range reads.
         tier: where the shard is.
         key: its key.
+        where: the dataset, for error messages (its path or URL).
+        retry: how transient read failures are retried.
     """
 
     def __init__(
@@ -90,6 +99,9 @@ class StreamedShard(ShardFile):
         fetcher: RangeFetcher,
         tier: Tier,
         key: str,
+        *,
+        where: str = "",
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         super().__init__(reservation.fd, reservation.size, reservation.name)
         self._reservation: Reservation | None = reservation
@@ -97,6 +109,9 @@ class StreamedShard(ShardFile):
         self._fetcher = fetcher
         self._tier = tier
         self._key = key
+        self._where = where
+        self._prefix = f"{where}: " if where else ""
+        self._retry = retry
         self._state = bytearray(len(table.sha256))
         self._asked = bytearray(len(table.sha256))  # demanded once already: not queued again
         self._left = len(table.sha256)
@@ -172,23 +187,11 @@ class StreamedShard(ShardFile):
 
         Each range is checked against the manifest on its own; a failure is
         recorded per range (one that matched is served whatever its neighbours).
+        A transient failure of the request is retried (:func:`get_range`); a
+        range that does not match is read once more on its own and refused if
+        it does not match again (see the module docstring).
         """
-        errors: list[BaseException | None]
-        try:
-            start = self.table.span(k, self.size)[0]
-            last, length = self.table.span(k + count - 1, self.size)
-            data = memoryview(self._tier.get(self._key, start, last + length))
-        except Exception as exc:  # noqa: BLE001 - kept for the reader, who raises it
-            errors = [exc] * count
-        else:
-            errors = []
-            for j in range(k, k + count):
-                try:
-                    self._store(j, data, start)
-                except Exception as exc:  # noqa: BLE001 - kept for the reader, who raises it
-                    errors.append(exc)
-                else:
-                    errors.append(None)
+        errors = self._fetch_checked(k, count)
         with self._cond:
             self._flight -= count
             failed = False
@@ -209,17 +212,71 @@ class StreamedShard(ShardFile):
         if finish:
             self._commit()
 
+    def _fetch_checked(self, k: int, count: int) -> list[BaseException | None]:
+        """Ranges ``k .. k + count - 1`` read, checked and written; each one's error or None."""
+        mismatched: list[int] = []
+        errors: list[BaseException | None] = []
+        try:
+            data = memoryview(self._get(k, count))
+        except Exception as exc:  # noqa: BLE001 - kept for the reader, who raises it
+            return [exc] * count
+        with data:
+            for j in range(k, k + count):
+                try:
+                    self._store(j, data, self.table.span(k, self.size)[0])
+                except RangeMismatchError as exc:
+                    mismatched.append(j)
+                    errors.append(exc)
+                except Exception as exc:  # noqa: BLE001 - kept for the reader, who raises it
+                    errors.append(exc)
+                else:
+                    errors.append(None)
+        # The request's bytes are released above (and its errors hold none): a range
+        # read again alone keeps the bytes held by this thread within one request's.
+        for j in mismatched:
+            try:
+                with memoryview(self._get(j, 1)) as again:
+                    self._store(j, again, self.table.span(j, self.size)[0])
+            except RangeMismatchError as exc:
+                errors[j - k] = ShardDamagedError(f"{exc} (read twice)", shard=self.name)
+            except Exception as exc:  # noqa: BLE001 - kept for the reader, who raises it
+                errors[j - k] = exc
+            else:
+                errors[j - k] = None
+        return errors
+
+    def _get(self, k: int, count: int) -> bytes:
+        """The bytes of ranges ``k .. k + count - 1``, transient failures retried."""
+        start = self.table.span(k, self.size)[0]
+        last, length = self.table.span(k + count - 1, self.size)
+        return get_range(
+            self._tier,
+            self._key,
+            start,
+            last + length,
+            where=f"{self._where}: shard {self.name}" if self._where else f"shard {self.name}",
+            retry=self._retry,
+            wait=self._backoff,
+        )
+
+    def _backoff(self, seconds: float) -> bool:
+        """Wait ``seconds`` before a retry; False (no retry) once the shard is closed."""
+        with self._cond:
+            return not self._cond.wait_for(lambda: self._closed, timeout=seconds)
+
     def _store(self, k: int, got: memoryview, got_at: int) -> None:
-        """Check range ``k`` and write it: its part of ``got``, bytes read from ``got_at``."""
+        """Check range ``k`` and write it: its part of ``got``, bytes read from ``got_at``.
+
+        ``got`` holds the whole range (:func:`get_range` returns every byte asked
+        for). A mismatch raises with the range's view released, so the error,
+        kept for the reader, holds none of the bytes.
+        """
         offset, length = self.table.span(k, self.size)
         data = got[offset - got_at : offset - got_at + length]
-        if len(data) != length:
-            raise ShardDamagedError(
-                f"{self.name}: short read of range {k} at byte {offset}", shard=self.name
-            )
         if hashlib.sha256(data).hexdigest() != self.table.sha256[k]:
-            raise ShardDamagedError(
-                f"{self.name}: range {k} (bytes {offset} to {offset + length}): "
+            data.release()
+            raise RangeMismatchError(
+                f"{self._prefix}{self.name}: range {k} (bytes {offset} to {offset + length}): "
                 "sha256 does not match the manifest",
                 shard=self.name,
             )
@@ -287,6 +344,7 @@ class StreamedShard(ShardFile):
         """
         with self._cond:
             self._closed = True
+            self._cond.notify_all()  # a fetch waiting to retry gives up now
             while self._flight or self._committing:
                 self._cond.wait()  # a fetch, or a commit in progress: neither waits on us
             reservation, self._reservation = self._reservation, None

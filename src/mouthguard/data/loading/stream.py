@@ -57,6 +57,7 @@ from mouthguard.data.dataset import Dataset, open_at, resolve_keys
 from mouthguard.data.fetching.cache import ShardCache, Verify
 from mouthguard.data.fetching.fetch import IndexMemo, ReadSettings, ShardSource
 from mouthguard.data.fetching.prefetch import Closeable, Opener, Prefetcher
+from mouthguard.data.fetching.ranged import DEFAULT_RETRY
 from mouthguard.data.fetching.scratch import default_shard_dir, default_verified_dir
 from mouthguard.data.fetching.verified import VerifiedFiles
 from mouthguard.data.formats.arrow import pyarrow_modules
@@ -165,6 +166,12 @@ class StreamingDataset(IterableDataset[Any]):
             it), held as slots in ``cache_dir/slots`` (:mod:`~mouthguard.data.fetching.nodeslots`).
             None: no shared bound, so a node has ``workers * range_parallel``.
             Needs a ``cache_dir`` shared on the node (the default one is).
+        range_retries: tries after the first of a range read that failed
+            transiently (an I/O error, a dropped connection, a 5xx, a timeout, a
+            short read), with backoff doubling from 0.05 s; after the last, the
+            read's error names the dataset, shard and bytes. On S3 these come on
+            top of the S3 client's own retries of each request. A range that
+            does not match its sha256 is read once more, then refused.
 
     Raises:
         DatasetNotFoundError: nothing is committed at ``source``.
@@ -194,6 +201,7 @@ class StreamingDataset(IterableDataset[Any]):
         range_parallel: int = 8,
         range_coalesce: int = 2,
         node_requests: int | None = None,
+        range_retries: int = DEFAULT_RETRY.retries,
     ) -> None:
         super().__init__()
         if batch_size < 1 or shuffle_window < 1 or min(prefetch, seed, shuffle_buffer) < 0:
@@ -213,7 +221,13 @@ class StreamingDataset(IterableDataset[Any]):
         self.decode = decode
         self.prefetch = prefetch
         self.burst = burst
-        self.settings = ReadSettings(range_size, range_parallel, range_coalesce, node_requests)
+        self.settings = ReadSettings(
+            range_size,
+            range_parallel,
+            range_coalesce,
+            node_requests,
+            replace(DEFAULT_RETRY, retries=range_retries),
+        )
         self._position = Position(
             fingerprint=self.dataset.fingerprint,
             epoch=0,

@@ -68,18 +68,12 @@ from __future__ import annotations
 
 import enum
 import logging
-import random
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from mouthguard.errors import (
-    InvalidKeyError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-    TierError,
-    UnsupportedOperationError,
-)
+from mouthguard.errors import ObjectExistsError, TierError
+from mouthguard.tiers.retry import PERMANENT, backoff_delay
 from mouthguard.tiers.s3.versions import (
     VersionEntry,
     delete_version,
@@ -173,9 +167,6 @@ def settle_versioned_create(
 
 T = TypeVar("T")
 
-#: Failures that a retry cannot change.
-_PERMANENT = (InvalidKeyError, ObjectNotFoundError, UnsupportedOperationError)
-
 
 def create_with_retries(
     send: Callable[[], T],
@@ -210,13 +201,12 @@ def create_with_retries(
             if _holds(stored, payload):
                 return None  # our own earlier attempt landed; its reply was lost
             raise
-        except _PERMANENT:
+        except PERMANENT:
             raise
         except TierError:
             if attempt >= retries:
                 raise
-            delay = min(backoff[1], backoff[0] * 2**attempt)
-            time.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311 - jitter, not crypto
+            time.sleep(backoff_delay(attempt, backoff))
             attempt += 1
 
 
