@@ -8,7 +8,7 @@ from pathlib import Path
 from benchmarks.peer_memory import DEFAULT_OUT
 from benchmarks.peer_memory import __doc__ as about
 from benchmarks.peer_memory.launch import S3Target, run_size, s3_target
-from benchmarks.peer_memory.report import report
+from benchmarks.peer_memory.report import check_recoveries, report
 from benchmarks.state import REPO, parse_size, size_label
 
 
@@ -17,6 +17,7 @@ def _profile(sizes: list[int], rounds: int, disk: Path, s3: S3Target) -> None:
     names = {"peers": "peer-memory", "s3": "S3"}
     for nbytes in sizes:
         ranks = run_size(nbytes, rounds, disk, s3, profile=True)
+        check_recoveries(ranks, rounds)
         for source, name in names.items():
             if source not in ranks[0]["profiles"]:
                 print(f"## {size_label(nbytes)}iB per rank: no {name} recovery ({s3.why_not})\n")

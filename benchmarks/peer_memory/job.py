@@ -147,7 +147,7 @@ def _job(rank: int, config: JobConfig) -> dict[str, Any]:
     held = sum(h.nbytes for h in NodeArea(Path(config.shm), f"node{rank // 2}").held("peers"))
     seconds: dict[str, list[float]] = {source: [] for source in ckpts}
     profiles: dict[str, str] = {}
-    same, tiers = True, {}
+    same, tiers = True, {source: [] for source in ckpts}  # what each recovery loaded
     for attempt in range(RECOVERIES):
         for source in (s for s in SOURCES if s in ckpts):
             _prepare(source, rank, config)
@@ -157,7 +157,7 @@ def _job(rank: int, config: JobConfig) -> dict[str, Any]:
             if profiled:
                 profiles[source] = profiled
             same = same and all(torch.equal(loaded.state[k], v) for k, v in state.items())
-            tiers[source] = (loaded.step, loaded.tier)
+            tiers[source].append((loaded.step, loaded.tier))
             del loaded  # the next recovery starts from nothing held
     for ckpt in ckpts.values():
         ckpt.close()

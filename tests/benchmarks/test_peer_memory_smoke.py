@@ -52,7 +52,11 @@ def test_the_profile_names_the_recovery(tmp_path: Path) -> None:
     done = _benchmark("--profile", "--out", str(out), "--dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "1MiB per rank: the slowest rank's peer-memory recovery" in done.stdout
-    assert "resume_from_peers" in done.stdout and "map_copy" in done.stdout
+    # resume_from_peers holds nearly all of the load's time, so it is always among
+    # the top lines; its parts (map_copy, the transfer) are not: under load the
+    # collectives' waits can push them out of the 30 printed.
+    peers = done.stdout.split("## 1MiB per rank: the slowest rank's S3", 1)[0]
+    assert "resume_from_peers" in peers
     assert not out.exists()  # a profile writes no report
     if missing := missing_binaries():
         assert "1MiB per rank: no S3 recovery (Ceph programs missing" in done.stdout
