@@ -11,7 +11,9 @@ A location built from a path or a URL remembers how it was opened
 (:attr:`Location.spec`), so a process that did not open it (a DataLoader worker)
 opens its own tier instead of using one whose connections belong to its parent.
 A spawned worker does so as it unpickles the location; a forked one when it
-first reads. The S3 client (obstore, on a tokio runtime) does not survive
+first reads. Either skips the S3 bucket check the opening process made
+(:func:`open_tier`, ``check``): one request and one client fewer per worker and
+epoch. The S3 client (obstore, on a tokio runtime) does not survive
 ``fork`` at all -- a forked child that touches it hangs, even with a new
 client -- so an S3 location inherited across a fork is refused with an
 explanation (:meth:`Location.reopened`) instead of hanging; DataLoader workers
@@ -98,15 +100,20 @@ class Location:
             )
         if self.spec is None:
             return self
-        return replace(self, tier=open_tier(self.spec, create=False), pid=os.getpid())
+        return replace(self, tier=open_tier(self.spec, create=False, check=False), pid=os.getpid())
 
 
-def open_tier(spec: Spec, *, create: bool, write: bool = False) -> Tier:
+def open_tier(spec: Spec, *, create: bool, write: bool = False, check: bool = True) -> Tier:
     """The tier a spec names; an S3 one read-only unless ``create`` or ``write``.
+
+    ``check=False``: a process reopening what another opened (a DataLoader
+    worker) skips the S3 bucket check -- a request and a client per worker per
+    epoch -- that the opener made moments before; a bucket gone since fails
+    the worker's first read with that read's error.
 
     Raises:
         DatasetNotFoundError: a local directory is missing and ``create`` is false.
-        TierError: the S3 bucket cannot be reached.
+        TierError: the S3 bucket cannot be reached (checked: at open; else at the first request).
     """
     kind, where = spec
     if kind == "s3":
@@ -115,7 +122,8 @@ def open_tier(spec: Spec, *, create: bool, write: bool = False) -> Tier:
         # A reader opens it read-only: nothing is written to the bucket at open (no
         # probe objects, from every DataLoader worker of every epoch), and read-only
         # credentials are enough to stream a dataset.
-        return S3Tier(where, name="data", domain="s3", read_only=not (create or write))
+        read_only = not (create or write)
+        return S3Tier(where, name="data", domain="s3", read_only=read_only, check_bucket=check)
     path = Path(where)
     if not create and not path.is_dir():
         raise DatasetNotFoundError(f"no dataset at {where}: not a directory")
@@ -144,4 +152,5 @@ def locate(
 
 
 def _reopen(spec: Spec, prefix: str) -> Location:
-    return Location(open_tier(spec, create=False), prefix, spec)
+    # Unpickled in a worker: the process that pickled the location opened (and checked) it.
+    return Location(open_tier(spec, create=False, check=False), prefix, spec)
