@@ -48,6 +48,19 @@ def s3_line(info: RunInfo) -> str:
     return text
 
 
+def workers_line(info: RunInfo) -> str:
+    """Whether the DataLoader workers outlived an epoch in this run (the same for every reader)."""
+    if info.persistent_workers:
+        return (
+            "- **workers**: every reader's DataLoader was built with `persistent_workers=True`"
+            " (`--persistent-workers`): the warm epoch reused the cold epoch's worker processes."
+        )
+    return (
+        "- **workers**: no reader's DataLoader was given `persistent_workers` (its default,"
+        " False): each epoch started new worker processes (`--persistent-workers` keeps them)."
+    )
+
+
 def targets_text(info: RunInfo) -> list[str]:
     """The targets section, with this run's step and worker counts."""
     return [
