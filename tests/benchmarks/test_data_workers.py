@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from benchmarks.data.config import Cell
 from benchmarks.data.report import RunInfo
 from benchmarks.data.report_prose import workers_line
 from benchmarks.data.run import parse_args
+from benchmarks.data.wprofile import timeline
 
 COUNT = 40
 
@@ -43,3 +45,25 @@ def test_the_report_says_which() -> None:
             persistent_workers=flag,
         )  # fmt: skip
         assert word in workers_line(info)
+
+
+def test_the_worker_timeline_is_read_by_epoch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``benchmarks.data.wprofile``: each epoch's workers, their start and batches from iter()."""
+    events = [
+        {"t": 10.0, "pid": 1, "ev": "epoch", "state": "cold"},
+        {"t": 10.2, "pid": 7, "ev": "init"},
+        {"t": 10.5, "pid": 7, "ev": "batch"},
+        {"t": 10.6, "pid": 7, "ev": "batch"},
+        {"t": 10.7, "pid": 1, "ev": "end", "seconds": 0.7, "samples": 64},
+        {"t": 20.0, "pid": 1, "ev": "epoch", "state": "warm"},
+        {"t": 20.1, "pid": 8, "ev": "init"},
+        {"t": 20.3, "pid": 8, "ev": "batch"},
+        {"t": 20.4, "pid": 1, "ev": "end", "seconds": 0.4, "samples": 32},
+    ]
+    (tmp_path / "timeline.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert timeline(tmp_path) == {"cold": [7], "warm": [8]}
+    out = capsys.readouterr().out
+    assert "started 200 ms, first batch 500 ms, last 600 ms (2 batches)" in out
+    assert "started 100 ms, first batch 300 ms, last 300 ms (1 batches)" in out
