@@ -70,7 +70,9 @@ class Cell:
     """One measurement: ``reader`` over ``source`` with ``workers`` DataLoader workers.
 
     ``mode``: ``throughput`` (epochs as fast as they go) or ``stall`` (a simulated
-    training step of ``step_s`` seconds after each batch).
+    training step of ``step_s`` seconds after each batch). ``persistent``: every
+    reader's DataLoader is built with ``persistent_workers=True`` (with workers),
+    so the warm epoch reuses the cold epoch's worker processes.
     """
 
     reader: str
@@ -85,6 +87,7 @@ class Cell:
     count_opens: bool
     site: Site | None = None
     epochs: int = 2
+    persistent: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -116,10 +116,12 @@ def build(cell: Cell) -> Iterable[Batch]:
 
 
 def _kwargs(cell: Cell, key_field: str) -> dict[str, Any]:
+    """The DataLoader arguments every reader gets alike (persistent workers included)."""
     return {
         "batch_size": cell.batch_size,
         "num_workers": cell.workers,
         "collate_fn": functools.partial(collate, key_field=key_field, size=cell.sample_size),
+        "persistent_workers": cell.persistent and cell.workers > 0,
     }
 
 

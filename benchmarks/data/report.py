@@ -22,6 +22,7 @@ from benchmarks.data.report_prose import (
     s3_line,
     stall_text,
     targets_text,
+    workers_line,
 )
 
 PACKAGES = ("torch", "webdataset", "mosaicml-streaming", "litdata", "mouthguard")
@@ -64,6 +65,8 @@ class RunInfo:
     stall_workers: list[int] = field(default_factory=list)
     #: The delay the loopback proxy added to every S3 request of the cells (0: none).
     s3_latency_ms: float = 0.0
+    #: Every reader's DataLoader kept its workers across epochs (``--persistent-workers``).
+    persistent_workers: bool = False
     #: Put before every table title when one run measures several sample sizes.
     label: str = ""
 
@@ -427,6 +430,7 @@ def document(run: RunInfo, parts: Sequence[Part]) -> tuple[str, list[Table]]:
         *targets_text(info),
         "",
         *FIGURES_TEXT,
+        workers_line(info),
         "",
     ]
     tables: list[Table] = []

@@ -48,6 +48,19 @@ def s3_line(info: RunInfo) -> str:
     return text
 
 
+def workers_line(info: RunInfo) -> str:
+    """Whether the DataLoader workers outlived an epoch in this run (the same for every reader)."""
+    if info.persistent_workers:
+        return (
+            "- **workers**: every reader's DataLoader was built with `persistent_workers=True`"
+            " (`--persistent-workers`): the warm epoch reused the cold epoch's worker processes."
+        )
+    return (
+        "- **workers**: no reader's DataLoader was given `persistent_workers` (its default,"
+        " False): each epoch started new worker processes (`--persistent-workers` keeps them)."
+    )
+
+
 def targets_text(info: RunInfo) -> list[str]:
     """The targets section, with this run's step and worker counts."""
     return [
@@ -160,14 +173,16 @@ NOTES_TEXT = [
     "  what hashed right, trusted while the file's stat is unchanged). The second row",
     "  uses a `cache_dir`: on a local disk that copies every shard into the cache once",
     "  more (meant for datasets on network filesystems), then trusts its stamp. Each",
-    "  worker checks and parses the index of every shard it reads, every epoch (workers",
-    "  are new processes every epoch: the benchmark does not set `persistent_workers`).",
+    "  worker checks and parses the index of every shard it reads, once per worker",
+    "  process (every epoch unless the workers persist: see **workers** above).",
     "  On S3 (and in the `cache_dir` row) a shard is streamed into the cache range by",
     "  range: each 2 MiB range is verified against its own sha256 in the manifest before",
     "  any sample touching it is handed out, at most 8 range GETs in flight per worker,",
     "  and workers read the ranges another worker has verified rather than fetching",
     "  them again. On S3 its",
     "  workers come from multiprocessing's fork server (its S3 client does not survive",
-    "  `fork` from a process that used it), started once per cell with torch preloaded,",
-    "  and each worker opens the bucket read-only (no probe requests that write).",
+    "  `fork` from a process that used it), started once per cell with torch and the",
+    "  cell's main module preloaded; each worker opens the bucket read-only (no probe",
+    "  requests that write), without the bucket check its parent made, and makes its",
+    "  S3 clients only when it first sends a request.",
 ]

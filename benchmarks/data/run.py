@@ -69,6 +69,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.0,
         help="delay added to every S3 request of the cells by a loopback proxy (default 0)",
     )
+    parser.add_argument(
+        "--persistent-workers",
+        action="store_true",
+        help="every reader's DataLoader keeps its workers across epochs (persistent_workers=True)",
+    )
     parser.add_argument("--readers", default=",".join(config.READERS), help="which readers")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every cell (median)")
     parser.add_argument("--cell-timeout", type=float, default=600.0, help="seconds per cell")
@@ -226,6 +231,7 @@ class Runner:
             step_s=self.args.step_ms / 1000,
             count_opens=self.opens_problem is None,
             site=site,
+            persistent=self.args.persistent_workers,
         )
         why = self.failed.get(reader, "") or missing_peer(reader)
         if not why:
@@ -358,6 +364,7 @@ def run_info(args: argparse.Namespace, run: Runner, s3_skipped: str, label: bool
         sources=args.sources_list,
         stall_workers=args.stall_list,
         s3_latency_ms=args.s3_latency_ms,
+        persistent_workers=args.persistent_workers,
         label=f"{size_label(run.sample_size)} samples: " if label else "",
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from mouthguard.data import (
     pack,
     verify_dataset,
 )
+from mouthguard.data.location import LazyTier, Location, open_tier
 from mouthguard.errors import DatasetError, ShardDamagedError, TierError
 from mouthguard.tiers.s3 import S3Tier
 from tests.s3.fault_proxy import FaultProxy
@@ -86,6 +88,31 @@ def test_s3_url_with_workers_and_the_user_cache(
 
     gc.collect()
     assert list((cache_dir / "blobs").iterdir()), "the user's cache outlives its dataset"
+
+
+def test_a_worker_reopening_the_location_skips_the_bucket_check(
+    s3_bucket: S3Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opener checks the bucket; a worker unpickling its location does not, every epoch.
+
+    The worker's tier is opened by its first request (a worker reading only the
+    cache makes no S3 client); a bucket gone since the opener's check fails that
+    request instead of the open.
+    """
+    _set_s3_env(monkeypatch, s3_bucket)
+    write_dataset(s3_bucket.tier(), n=4)
+    url = f"{s3_bucket.url.rstrip('/')}/ds"
+    opened = open_dataset(url).location
+    location = pickle.loads(pickle.dumps(opened))  # as a worker gets it
+    assert isinstance(location.tier, LazyTier)
+    assert location.tier.domain == opened.tier.domain
+    assert location.tier.exists(location.key("dataset.json"))  # opened now, and it reads
+    gone = ("s3", f"s3://{s3_bucket.name}-gone/ds")
+    with pytest.raises(TierError, match="does not exist"):
+        open_tier(gone, create=False)  # the opener's check
+    unchecked = pickle.loads(pickle.dumps(Location(opened.tier, "", gone)))  # no request yet
+    with pytest.raises(TierError):
+        unchecked.tier.get("dataset.json")
 
 
 @pytest.mark.timeout(120)  # the failure this guards against is a hang

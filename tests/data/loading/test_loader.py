@@ -3,7 +3,13 @@ exact resume, a shared bounded cache, damage surfacing in the main process."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
 import threading
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,6 +17,7 @@ from typing import Any
 import pytest
 
 from mouthguard.data import StreamingDataLoader, StreamingDataset
+from mouthguard.data.loading.loader import main_module_by_name
 from mouthguard.errors import ShardDamagedError
 from mouthguard.tiers.local import LocalTier
 
@@ -182,3 +189,44 @@ def test_the_cache_stays_within_its_limit_for_a_larger_dataset(tmp_path: Path) -
     assert sorted(seen) == sorted(f"s{i:05d}" for i in range(120))
     assert 0 < peak <= limit + largest + 4096  # + one shard in use (+ small index entries)
     assert dir_bytes(cache / "blobs") < manifest.nbytes  # it did evict
+
+
+# --- the fork server's preload ------------------------------------------------------
+
+
+def test_a_main_module_run_with_dash_m_is_preloaded_by_the_fork_server() -> None:
+    """``python -m NAME``: the fork server imports NAME once; its workers find it imported.
+
+    Without that, every worker of every epoch imported the main module, and all
+    it imports, again (multiprocessing preloads only a main module run from a path).
+    """
+    repo = Path(__file__).resolve().parents[3]
+    path = os.pathsep.join([str(repo / "src"), str(repo)])
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.data.loading.forkmain"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    pids = json.loads(done.stdout.strip().splitlines()[-1])
+    assert pids["imported_in"] is not None, "the worker had to import the main module itself"
+    assert pids["imported_in"] not in (pids["parent"], pids["worker"])  # in the fork server
+
+
+@pytest.mark.parametrize(
+    ("name", "preloaded"),
+    [("trainer.run", "trainer.run"), ("trainer.__main__", None), ("__main__", None), (None, None)],
+)
+def test_which_main_module_is_preloaded(
+    monkeypatch: pytest.MonkeyPatch, name: str | None, preloaded: str | None
+) -> None:
+    """A package's ``__main__`` (which starts the program at import) or a script is not named."""
+    main = types.ModuleType("__main__")
+    main.__spec__ = None if name is None else importlib.machinery.ModuleSpec(name, None)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert main_module_by_name() == preloaded

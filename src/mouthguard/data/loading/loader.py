@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -52,14 +53,40 @@ from mouthguard.data.loading.stream import StreamingDataset
 _PRELOAD = ["__main__", "mouthguard.data.loading.worker_preload", "mouthguard.tiers.s3"]
 
 
+def main_module_by_name() -> str | None:
+    """The main module's name when it was run as ``python -m NAME``; None otherwise.
+
+    A worker started by the fork server runs the parent's main module again as
+    ``__mp_main__`` before it unpickles anything. multiprocessing preloads a
+    main module run from a path into the fork server (its ``"__main__"``
+    preload), so each worker finds its imports done; one run with ``-m`` it
+    does not, and every worker of every epoch imported it and all it imports
+    afresh (the benchmark's worker started about 0.2-0.4 s later for it,
+    measured on 2 loaded CPUs; docs/benchmarks-data.md). Naming the module in
+    the preload imports it in the server once, under its own name (so its
+    ``if __name__ == "__main__"`` block does not run there); each worker still
+    runs its top level as before, with the imports found done. A package's
+    ``__main__`` is left out: multiprocessing does not run it in workers either,
+    and it usually starts the program at import.
+    """
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None)
+    if not isinstance(name, str) or name == "__main__" or name.endswith(".__main__"):
+        return None
+    return name
+
+
 def fork_server() -> multiprocessing.context.BaseContext:
     """The fork-server context of multiprocessing, preloading what a dataset worker imports.
 
-    The preload only applies if the fork server has not started yet (it is one
-    per process); one started earlier works the same, its workers import more.
+    That is mouthguard's reader (torch with it), the S3 client's models, and
+    the main module (see :func:`main_module_by_name`). The preload only applies
+    if the fork server has not started yet (it is one per process); one started
+    earlier works the same, its workers import more.
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)
+    main = main_module_by_name()
+    context.set_forkserver_preload(_PRELOAD + ([main] if main is not None else []))
     return context
 
 

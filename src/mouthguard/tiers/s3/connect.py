@@ -178,6 +178,7 @@ def connect(
     max_retries: int,
     retry_timeout: float,
     backoff: tuple[float, float],
+    check: bool = True,
 ) -> tuple[S3Control, S3Store]:
     """Both planes of the tier at ``url``, with the bucket checked: (botocore, obstore).
 
@@ -186,10 +187,15 @@ def connect(
     like ``endpoint`` and ``region``; ``timeouts`` is (connect, whole request) and
     ``backoff`` (first, longest), in seconds. The control plane retries each
     request ``max_retries`` times with botocore's ``standard`` backoff.
+    ``check=False`` skips the bucket check (and the short-timeout client made for
+    it): for a process reopening a tier another one opened and checked moments
+    ago (a DataLoader worker), where a missing bucket then fails the first
+    request instead.
 
     Raises:
         TierError: a malformed URL or endpoint, half a key pair, a configuration
-            either library refuses, or a missing bucket or dead endpoint (within seconds).
+            either library refuses, or a missing bucket or dead endpoint (within
+            seconds; with ``check``).
     """
     bucket, prefix = parse_s3_url(url)
     env = os.environ.get
@@ -207,7 +213,7 @@ def connect(
     opening = (min(timeouts[0], _OPEN_CONNECT_TIMEOUT), min(timeouts[1], _OPEN_READ_TIMEOUT))
     try:
         client = _make_client(endpoint, region, creds, timeouts, max_retries + 1)
-        opener = _make_client(endpoint, region, creds, opening, _OPEN_ATTEMPTS)
+        opener = _make_client(endpoint, region, creds, opening, _OPEN_ATTEMPTS) if check else None
     except (BotoCoreError, ValueError) as exc:
         reason = short_reason(str(exc), creds)
         raise TierError(f"cannot configure the S3 client for {shown}: {reason}") from exc
@@ -244,7 +250,8 @@ def connect(
     except OBSTORE_ERRORS as exc:
         reason = control.reason(exc)
         raise TierError(f"cannot configure the S3 store for {control.endpoint}: {reason}") from exc
-    _check_bucket(opener, control)
+    if opener is not None:
+        _check_bucket(opener, control)
     return control, store
 
 

@@ -89,6 +89,11 @@ class S3Tier(Tier):
             and read-only credentials suffice; every write, delete, tag or hold
             raises :class:`~mouthguard.errors.TierError`. :attr:`probe` then says
             it measured nothing.
+        check_bucket: check at open that the bucket exists (default). False
+            only where another process opened and checked the same bucket
+            moments ago (a DataLoader worker reopening its parent's tier): the
+            check's request and its client are spared, and a missing bucket
+            fails the first request instead.
 
     Attributes:
         bucket: the bucket name.
@@ -121,6 +126,7 @@ class S3Tier(Tier):
         part_size: int = 16 * MiB,
         max_concurrency: int = 4,
         read_only: bool = False,
+        check_bucket: bool = True,
     ) -> None:
         super().__init__(name, domain)
         if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
@@ -140,6 +146,7 @@ class S3Tier(Tier):
             max_retries=max_retries,
             retry_timeout=retry_timeout,
             backoff=(backoff_initial, backoff_max),
+            check=check_bucket,
         )
         self.bucket, self.prefix = self._control.bucket, self._control.prefix
         self.endpoint = self._control.endpoint
