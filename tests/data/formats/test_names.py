@@ -32,14 +32,14 @@ def test_valid_keys(key: str) -> None:
         ("a/b.c", "dot in its last path segment"),
         ("_meta", "starts with '_'"),
         ("__key__", "starts with '_'"),
-        ("/abs", "empty"),
+        ("/abs", "absolute path"),
         ("a//b", "empty"),
         ("a/", "empty"),
         ("a/../b", "'..'"),
         ("a\\b", "backslash"),
         ("a\nb", "control character"),
         ("x" * 201, "longer than"),
-        ("\ud800", "not valid Unicode"),
+        ("\ud800", "not valid UTF-8"),
     ],
 )
 def test_invalid_keys(key: str, why: str) -> None:

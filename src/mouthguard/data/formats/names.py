@@ -42,8 +42,6 @@ _SHARD = re.compile(r"shard-([0-9]{6,9})\.tar")
 _INDEX_SUFFIX = ".index.json"
 #: Lowercase (WebDataset lowercases extensions), dot-separated parts, no leading underscore.
 _EXT = re.compile(r"[a-z0-9][a-z0-9_+-]{0,63}(?:\.[a-z0-9][a-z0-9_+-]{0,63}){0,3}")
-#: A key segment: anything printable except ``/`` and ``\\`` (tar and WebDataset split on ``/``).
-_SEGMENT_BAD = re.compile(r"[\x00-\x1f\x7f\\]")
 MAX_KEY_BYTES = 200
 
 
@@ -158,23 +156,20 @@ def _key_problem(key: str) -> str | None:
 
 
 def _any_key_problem(key: str) -> str | None:
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "is not valid Unicode"
+    # The path rules are the project's one path-safety check; what follows them
+    # is WebDataset's own reading of a name.
+    generic = relative_path_problem(key, max_bytes=MAX_KEY_BYTES, dot_segments=False)
+    if generic is not None:
+        return generic
     segments = key.split("/")
-    problems = (
-        (size > MAX_KEY_BYTES, f"is longer than {MAX_KEY_BYTES} bytes of UTF-8"),
-        (_SEGMENT_BAD.search(key) is not None, "contains a control character or a backslash"),
-        (key.startswith("_"), "starts with '_' (WebDataset treats such names as metadata)"),
-        (any(s in ("", ".", "..") for s in segments), "has an empty, '.' or '..' path segment"),
-        (
-            "." in segments[-1],
+    if key.startswith("_"):
+        return "starts with '_' (WebDataset treats such names as metadata)"
+    if "." in segments[-1]:
+        return (
             "has a dot in its last path segment: WebDataset would cut the key there "
-            f"({segments[-1].split('.', 1)[0]!r}) and read the rest as the extension",
-        ),
-    )
-    return next((why for bad, why in problems if bad), None)
+            f"({segments[-1].split('.', 1)[0]!r}) and read the rest as the extension"
+        )
+    return None
 
 
 def member_name(key: str, ext: str) -> str:
