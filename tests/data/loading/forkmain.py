@@ -2,9 +2,11 @@
 
 The test of :func:`mouthguard.data.loading.loader.fork_server` runs it in a child
 process: it starts the fork server as a loader would, forks one worker from it,
-and prints (as JSON) its own pid, the worker's, and the pid of the process that
-imported this module under its own name -- the fork server, when it preloaded
-the main module, or none at all when every worker had to import it again.
+and prints (as JSON) its own pid, the worker's, the pid of the process that
+imported what this module imports (:mod:`tests.data.loading.forkdep`) -- the fork
+server, when it preloaded the main module, or the worker itself when it had to
+import it again -- and whether the worker found this module under its own name
+(it should not: the fork server forgets it, :mod:`mouthguard.data.loading.forget_main`).
 """
 
 from __future__ import annotations
@@ -14,28 +16,39 @@ import os
 import sys
 from typing import Any
 
-#: The process that imported (executed) this module under its own name.
-IMPORTED_IN = os.getpid()
+from tests.data.loading import forkdep
+
 NAME = "tests.data.loading.forkmain"
 
 
 def report(queue: Any) -> None:
-    """In a worker: its pid, and where the module under its own name was imported (or None)."""
-    module = sys.modules.get(NAME)
-    queue.put((os.getpid(), None if module is None else module.IMPORTED_IN))
+    """In a worker: its pid, where its main module's import was done, and whether NAME is known."""
+    queue.put((os.getpid(), forkdep.IMPORTED_IN, NAME in sys.modules))
 
 
 def main() -> None:
+    from mouthguard.data.loading.forget_main import MAIN_ENV  # noqa: PLC0415
     from mouthguard.data.loading.loader import fork_server, start_fork_server  # noqa: PLC0415
 
     context = fork_server()
     start_fork_server(context)
+    left = MAIN_ENV in os.environ  # read by the server at its start, then removed here
     queue = context.Queue()  # type: ignore[attr-defined]
     worker = context.Process(target=report, args=(queue,))  # type: ignore[attr-defined]
     worker.start()
-    pid, imported_in = queue.get(timeout=120)
+    pid, imported_in, named = queue.get(timeout=120)
     worker.join(120)
-    print(json.dumps({"parent": os.getpid(), "worker": pid, "imported_in": imported_in}))
+    print(
+        json.dumps(
+            {
+                "parent": os.getpid(),
+                "worker": pid,
+                "imported_in": imported_in,
+                "named": named,
+                "env_left": left,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import os
 import sys
 import weakref
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ from typing import Any, Literal
 from torch.utils.data import DataLoader
 
 from mouthguard.data.burst import SharedBurst
+from mouthguard.data.loading.forget_main import MAIN_ENV
 from mouthguard.data.loading.stream import StreamingDataset
 
 #: Imported once by the fork server, before it forks any worker.
@@ -64,8 +66,9 @@ def main_module_by_name() -> str | None:
     afresh (the benchmark's worker started about 0.2-0.4 s later for it,
     measured on 2 loaded CPUs; docs/benchmarks-data.md). Naming the module in
     the preload imports it in the server once, under its own name (so its
-    ``if __name__ == "__main__"`` block does not run there); each worker still
-    runs its top level as before, with the imports found done. A package's
+    ``if __name__ == "__main__"`` block does not run there), and then forgets
+    the module itself (:mod:`~mouthguard.data.loading.forget_main`); each worker
+    still runs its top level as before, with the imports found done. A package's
     ``__main__`` is left out: multiprocessing does not run it in workers either,
     and it usually starts the program at import.
     """
@@ -85,8 +88,14 @@ def fork_server() -> multiprocessing.context.BaseContext:
     earlier works the same, its workers import more.
     """
     context = multiprocessing.get_context("forkserver")
+    preload = list(_PRELOAD)
     main = main_module_by_name()
-    context.set_forkserver_preload(_PRELOAD + ([main] if main is not None else []))
+    if main is not None:
+        # The server inherits this environment when it starts: forget_main, imported
+        # after the main module, reads the name there.
+        os.environ[MAIN_ENV] = main
+        preload += [main, "mouthguard.data.loading.forget_main"]
+    context.set_forkserver_preload(preload)
     return context
 
 
@@ -106,6 +115,7 @@ def start_fork_server(context: multiprocessing.context.BaseContext) -> None:
     child = context.Process(target=_ready, name="mouthguard-forkserver-ready")  # type: ignore[attr-defined]
     child.start()
     child.join()
+    os.environ.pop(MAIN_ENV, None)  # read by the server at its start: not left to other children
 
 
 class StreamingDataLoader(DataLoader[Any]):
