@@ -26,7 +26,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from benchmarks.data import readers, s3
+from benchmarks.data import cpu, readers, s3
 from benchmarks.data.config import Cell, CellResult, Epoch, Site
 from benchmarks.data.opens import OpenCounter
 
@@ -45,7 +45,9 @@ def run_epoch(cell: Cell, loader: object, state: str) -> Epoch:
     nbytes = 0
     gc.collect()
     load_before = os.getloadavg()[0]
+    server_dir = str(Path(cell.site.log).parents[1]) if cell.site is not None else None
     with counter if counter is not None else contextlib.nullcontext():
+        cpu_before = cpu.mark(server_dir)
         start = time.perf_counter()
         batches = iter(loader)  # type: ignore[call-overload]
         while True:
@@ -62,6 +64,7 @@ def run_epoch(cell: Cell, loader: object, state: str) -> Epoch:
             if stall:
                 time.sleep(cell.step_s)
         seconds = time.perf_counter() - start
+        used = cpu.spent(cpu_before, cpu.mark(server_dir))
     epoch = Epoch(
         state=state,
         seconds=seconds,
@@ -71,6 +74,10 @@ def run_epoch(cell: Cell, loader: object, state: str) -> Epoch:
         load_before=load_before,
         load_after=os.getloadavg()[0],
         waits=waits,
+        cpu_loader_s=used.loader,
+        cpu_server_s=used.server,
+        cpu_machine_s=used.machine,
+        cpus=os.cpu_count(),
     )
     if counter is not None:
         epoch.opens_all, epoch.opens_data = counter.all, counter.data

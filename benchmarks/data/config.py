@@ -115,6 +115,12 @@ class Epoch:
     gets: int | None = None
     requests: int | None = None
     waits: list[float] = field(default_factory=list)  # stall mode: wait per batch, in order
+    # CPU seconds during the epoch (benchmarks.data.cpu): the cell's process tree, the
+    # S3 server's processes (None on the local disk), every CPU of the machine.
+    cpu_loader_s: float | None = None
+    cpu_server_s: float | None = None
+    cpu_machine_s: float | None = None
+    cpus: int | None = None
 
 
 @dataclass

@@ -181,13 +181,27 @@ THROUGHPUT_COLUMNS = (
     "all opens",
     "GETs (all requests)",
     "load 1-min before→after",
+    "CPU s (loader / S3 server / machine busy)",
 )
+
+
+def _cpu(e: Epoch) -> str:
+    """The epoch's CPU sums (benchmarks.data.cpu), '-' where not measured."""
+    if e.cpu_loader_s is None:
+        return "-"
+    server = "-" if e.cpu_server_s is None else f"{e.cpu_server_s:.2f}"
+    busy = "-"
+    if e.cpu_machine_s is not None and e.cpus and e.seconds > 0:
+        busy = f"{100 * e.cpu_machine_s / (e.seconds * e.cpus):.0f}% of {e.cpus}"
+    return f"{e.cpu_loader_s:.2f} / {server} / {busy}"
 
 
 def throughput_cells(row: Row, best: Row | None) -> list[str]:
     label = config.LABELS[row.reader]
     if not row.ok:
-        return [f"{label} — **not available**: {row.unavailable}"] + ["-"] * 9
+        return [f"{label} — **not available**: {row.unavailable}"] + ["-"] * (
+            len(THROUGHPUT_COLUMNS) - 1
+        )
     e = row.median
     spread = ""
     if len(row.epochs) > 1:
@@ -210,6 +224,7 @@ def throughput_cells(row: Row, best: Row | None) -> list[str]:
         total,
         gets,
         f"{e.load_before:.2f}→{e.load_after:.2f}",
+        _cpu(e),
     ]
 
 

@@ -115,6 +115,15 @@ FIGURES_TEXT = [
     "- **GETs**: GET requests the S3 server logged during the epoch (radosgw's access log,",
     "  one line per request), and all requests (HEAD, LIST, ...) in brackets.",
     "- **load**: `os.getloadavg()[0]` in the cell's process just before and after the epoch.",
+    "- **CPU s (loader / S3 server / machine busy)**: CPU seconds (user + system) spent",
+    "  during the epoch by the cell's process and every process under it (its workers,",
+    "  including those that exited during the epoch, and any `curl` a peer pipes",
+    "  through); by the S3 server's processes (radosgw, its OSD and monitor; `-` on the",
+    "  local disk); and the whole machine's busy share of its CPUs over the epoch (every",
+    "  process, other users' included). From `/proc` (`benchmarks/data/cpu.py`), in",
+    "  10 ms ticks. On a machine with few CPUs, a loader that spends more CPU per byte",
+    "  leaves less to the loopback S3 server it reads from: near 100% busy, the",
+    "  machine, not the loader's design, sets the pace.",
 ]
 
 

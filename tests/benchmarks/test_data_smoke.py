@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,8 +111,13 @@ def test_raw_and_mouthguard_rows_in_every_table(report: str) -> None:
             found = rows_of(lines, label)
             assert len(found) == 1, f"{label!r} missing in {heading!r}"
             if "**not available**" not in found[0]:
-                expected = 8 if heading.startswith("### Stall") else 11
+                expected = 8 if heading.startswith("### Stall") else 12
                 assert found[0].count("|") == expected, found[0]  # every cell filled
+                if not heading.startswith("### Stall"):
+                    # The CPU sums were measured: the loader's, the server's on S3 only.
+                    server = r"\d+\.\d\d" if "s3" in heading else "-"
+                    cell = found[0].rstrip(" |").rsplit("|", 1)[1].strip()
+                    assert re.fullmatch(rf"\d+\.\d\d / {server} / \d+% of \d+", cell), cell
 
 
 @pytest.mark.slow
