@@ -16,6 +16,10 @@ import os
 import sys
 from typing import Any
 
+# At the top, as a training script does: the preload imports the loader while
+# importing this module (the fork server must not forget it half-imported).
+from mouthguard.data.loading.forget_main import MAIN_ENV
+from mouthguard.data.loading.loader import fork_server, start_fork_server
 from tests.data.loading import forkdep
 
 NAME = "tests.data.loading.forkmain"
@@ -27,9 +31,6 @@ def report(queue: Any) -> None:
 
 
 def main() -> None:
-    from mouthguard.data.loading.forget_main import MAIN_ENV  # noqa: PLC0415
-    from mouthguard.data.loading.loader import fork_server, start_fork_server  # noqa: PLC0415
-
     context = fork_server()
     start_fork_server(context)
     left = MAIN_ENV in os.environ  # read by the server at its start, then removed here

@@ -91,10 +91,10 @@ def fork_server() -> multiprocessing.context.BaseContext:
     preload = list(_PRELOAD)
     main = main_module_by_name()
     if main is not None:
-        # The server inherits this environment when it starts: forget_main, imported
+        # The server inherits this environment when it starts: preload_end, imported
         # after the main module, reads the name there.
         os.environ[MAIN_ENV] = main
-        preload += [main, "mouthguard.data.loading.forget_main"]
+        preload += [main, "mouthguard.data.loading.preload_end"]
     context.set_forkserver_preload(preload)
     return context
 
