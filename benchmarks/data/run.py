@@ -304,6 +304,11 @@ def run_s3(run: Runner, readers: list[str]) -> str:
             run.s3_env, run.server_version = far.env, server.version
             # Uploads go straight to the server; only the cells' reads pay the delay.
             env = {**run.env, **server.env}
+            # The stall targets judge the warm wait against the DataLoader's own floor,
+            # measured in the same table: the in-memory reader reads nothing from S3.
+            for _ in range(run.args.repeats):
+                for workers in run.args.stall_list:
+                    run.cell("memory", "s3", workers, "stall", far.site)
             for reader in readers:
                 why = run.upload(reader, site, env)
                 if why:
@@ -390,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         len(local_readers) * ("local" in args.sources_list)
         + len(s3_readers) * ("s3" in args.sources_list)
     )
-    runs += len(s3_readers) * ("s3" in args.sources_list)
+    runs += len(s3_readers) * ("s3" in args.sources_list)  # the uploads
+    runs += len(args.stall_list) * args.repeats * ("s3" in args.sources_list)  # the S3 floor
     runs *= len(args.sample_size_list)
     started = time.perf_counter()
     load_start = os.getloadavg()
