@@ -482,12 +482,12 @@ def document(run: RunInfo, parts: Sequence[Part]) -> tuple[str, list[Table]]:
         "",
         info.machine,
         "",
-        f"**Shared machine.** These {os.cpu_count()} CPUs are shared with other sessions, "
-        f"and the benchmark's own processes (the cell, its workers, the S3 server) count "
-        f"in the load too: load average (1 / 5 / 15 min) {load} at the start and "
-        f"{load_end} at the end; every row gives the 1-minute load before and after its "
-        "epoch. Absolute figures on a small shared machine are low and noisy; compare rows "
-        "of one table (measured minutes apart on the same disk), not runs.",
+        f"**Shared machine.** Whatever else runs on these {os.cpu_count()} CPUs counts in "
+        "the load, and so do the benchmark's own processes (the cell, its workers, the S3 "
+        f"server): load average (1 / 5 / 15 min) {load} at the start and {load_end} at the "
+        "end; every row gives the 1-minute load before and after its epoch. Absolute "
+        "figures on a small machine are low and noisy; compare rows of one table "
+        "(measured minutes apart on the same disk), not runs.",
         "",
         "Reproduce (from the repository root):",
         "",
