@@ -347,8 +347,26 @@ def _best_peer(
     return min(found, default=None)
 
 
+#: One stall verdict to judge: state, what, mouthguard's value, its limit, what the limit is.
+_Check = tuple[str, str, float | None, float | None, str]
+
+
+def _cold_against_peers(
+    own: list[CellResult],
+    group: list[CellResult],
+    what: str,
+    measure: Callable[[Epoch | None], float | None],
+    against: str,
+) -> _Check:
+    """mouthguard's cold ``measure`` against the peers' lowest in the same table."""
+    peer = _best_peer(group, "cold", measure)
+    limit = None if peer is None else peer[0]
+    named = against if peer is None else f"{against} ({peer[1]})"
+    return ("cold", what, _median_of(own, "cold", measure), limit, named)
+
+
 def _stall_targets(label: str, source: str, cells: list[CellResult]) -> list[str]:
-    """The stall verdicts of issue 25's wording for each mouthguard reader and worker count.
+    """The stall verdicts in the dataset targets' terms, per mouthguard reader and worker count.
 
     warm: p99 at most the in-memory floor's (the DataLoader alone, same table) + 1 ms;
     cold: p99 at most the lowest of the peers'; on S3 the cold first batch at most the
@@ -361,24 +379,18 @@ def _stall_targets(label: str, source: str, cells: list[CellResult]) -> list[str
         for reader in [r for r in config.MOUTHGUARDS if any(c.reader == r for c in group)]:
             own = [c for c in group if c.reader == reader]
             name = f"{label}stall, {source}, %s, {workers} workers: {config.LABELS[reader]} %s"
-            checks: list[tuple[str, str, float | None, float | None, str]] = [
+            checks: list[_Check] = [
                 ("warm", "p99 wait per step", _median_of(own, "warm", _p99_ms),
                  None if floor is None else floor + FLOOR_MARGIN_MS,
                  f"the in-memory floor's p99 + {FLOOR_MARGIN_MS:g} ms"),
+                _cold_against_peers(
+                    own, group, "p99 wait per step", _p99_ms, "the lowest peer p99"
+                ),
             ]  # fmt: skip
-            peer = _best_peer(group, "cold", _p99_ms)
-            checks.append(
-                ("cold", "p99 wait per step", _median_of(own, "cold", _p99_ms),
-                 None if peer is None else peer[0],
-                 "the lowest peer p99" + ("" if peer is None else f" ({peer[1]})"))
-            )  # fmt: skip
             if source == "s3":
-                first = _best_peer(group, "cold", _first_ms)
                 checks.append(
-                    ("cold", "first batch", _median_of(own, "cold", _first_ms),
-                     None if first is None else first[0],
-                     "the fastest peer's" + ("" if first is None else f" ({first[1]})"))
-                )  # fmt: skip
+                    _cold_against_peers(own, group, "first batch", _first_ms, "the fastest peer's")
+                )
             for state, what, value, limit, against in checks:
                 title = name % (state, what)
                 if value is None:
