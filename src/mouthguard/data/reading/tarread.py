@@ -107,15 +107,19 @@ class TarUnits:
         self, opened: Mapping[int, ShardFile], units: Sequence[int], items: Sequence[int]
     ) -> Iterator[Sample]:
         """Sample ``items[i]`` of shard ``units[i]``, for each ``i`` in turn, one at a time."""
-        self._ask_ahead(opened, units, items)
         # Each unit's index looked up once per call, not once per sample: the lookup goes
         # through two locks and the memo (about 5 us a sample, a sixth of a 10 KB sample).
         indexes: dict[int, ShardIndex] = {}
+        self._ask_ahead(opened, units, items, indexes)
         for unit, number in zip(units, items, strict=True):
-            index = indexes.get(unit)
-            if index is None:
-                index = indexes[unit] = self._index(unit)
-            yield self._sample(opened[unit], index.samples[number])
+            yield self._sample(opened[unit], self._index_in(indexes, unit).samples[number])
+
+    def _index_in(self, indexes: dict[int, ShardIndex], unit: int) -> ShardIndex:
+        """``unit``'s index from ``indexes``, looked up and kept there the first time."""
+        index = indexes.get(unit)
+        if index is None:
+            index = indexes[unit] = self._index(unit)
+        return index
 
     def close(self) -> None:
         """Stop the index reads and the source's range reads (every shard is closed)."""
@@ -127,9 +131,15 @@ class TarUnits:
         self.source.close()
 
     def _ask_ahead(
-        self, opened: Mapping[int, ShardFile], units: Sequence[int], items: Sequence[int]
+        self,
+        opened: Mapping[int, ShardFile],
+        units: Sequence[int],
+        items: Sequence[int],
+        indexes: dict[int, ShardIndex],
     ) -> None:
         """Ask for the ranges these samples touch, in the order they will be read.
+
+        The indexes it looks up are kept in ``indexes`` for the read that follows.
 
         A shuffled block needs its shards' ranges in an order of its own; fetched
         in that order, its first samples are ready after a few ranges, not after
@@ -145,7 +155,7 @@ class TarUnits:
             file = streaming.get(unit)
             if file is None:
                 continue
-            entry = self._index(unit).samples[number]
+            entry = self._index_in(indexes, unit).samples[number]
             fresh = [k for k in file.ranges_of(entry.offset, entry.length) if k not in asked[unit]]
             if fresh:
                 asked[unit].update(fresh)
