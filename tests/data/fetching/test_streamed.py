@@ -22,7 +22,7 @@ from mouthguard.data.fetching.follow import FollowedShard
 from mouthguard.data.fetching.streamed import StreamedShard
 from mouthguard.data.reading.tarread import TarUnits
 from mouthguard.errors import ShardDamagedError, TierError
-from mouthguard.tiers import Tier
+from mouthguard.tiers import ObjectInfo, Tier
 from mouthguard.tiers.faults import FaultPlan, FaultyTier
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.retry import RetryPolicy
@@ -423,3 +423,62 @@ def test_retries_keep_the_bound_on_reads_and_bytes(ds: Path, tmp_path: Path) -> 
         assert f is not None
         f.close()
     units.close()
+
+
+# --- the size check: beside the first ranges, never after a sample -----------------------------
+
+
+class HeadAfterGetTier(WrappedTier):
+    """Its size lookups of shards wait until a shard range read has started (10 s at most)."""
+
+    def __init__(self, inner: Tier) -> None:
+        super().__init__(inner)
+        self.got = threading.Event()
+        self.head_waited = False
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        if key.endswith(".tar"):
+            self.got.set()
+        return self.inner.get(key, start, end)
+
+    def head(self, key: str) -> ObjectInfo:
+        if key.endswith(".tar"):
+            self.head_waited = self.got.wait(timeout=10)
+        return self.inner.head(key)
+
+
+def test_the_first_ranges_are_on_their_way_while_the_size_is_checked(
+    ds: Path, tmp_path: Path
+) -> None:
+    """A round trip for the size no longer delays the shard's first ranges or its record."""
+    tier = HeadAfterGetTier(_tier(ds))
+    source, units = _source(ds, tier, tmp_path / "cache", 2)
+    opened = units.open_unit(0, must=True)
+    assert isinstance(opened, StreamedShard)
+    assert tier.head_waited  # a range read had started before the size came back
+    samples = source.dataset.shards[0].samples
+    got = list(units.read({0: opened}, [0] * samples, list(range(samples))))
+    assert [s["__key__"] for s in got] == [e.key for e in source.index(0).samples]
+    opened.close()
+    units.close()
+
+
+@pytest.mark.parametrize("change", ["longer", "shorter"])
+def test_a_shard_of_the_wrong_size_is_refused_at_open_and_leaves_nothing(
+    ds: Path, tmp_path: Path, change: str
+) -> None:
+    path = shard_path(ds, 1)
+    data = path.read_bytes()
+    path.write_bytes(data + b"\0" * 512 if change == "longer" else data[: RANGE + 512])
+    cache = tmp_path / "cache"
+    source, units = _source(ds, _tier(ds), cache, 2, retry=RetryPolicy(retries=0))
+    with pytest.raises(ShardDamagedError, match=r"shard-000001\.tar.*the manifest says") as caught:
+        units.open_unit(1, must=True)
+    assert caught.value.shard == "shard-000001.tar"
+    assert ("truncated" in str(caught.value)) == (change == "shorter")
+    units.close()
+    assert not list((cache / "tmp").iterdir())  # no partial download, no record
+    assert not any(p.name.startswith(source.dataset.shards[1].sha256) for p in cache.rglob("*"))
+    path.write_bytes(data)  # repaired: the lock was released, the shard reads again
+    stream = StreamingDataset(_tier(ds), prefix="ds", cache_dir=cache)
+    assert sorted(s["__key__"] for s in stream) == sorted(expected(N))

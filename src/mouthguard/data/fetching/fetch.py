@@ -252,17 +252,12 @@ class ShardSource:
         )
         if not isinstance(got, Reservation):
             return got
-        try:
-            self._check_size(key, record.size, record.name)
-        except BaseException:
-            got.abandon()
-            raise
         if self._fetcher is None:
             node = self.settings.node
             slots = None if node is None else NodeSlots(self.cache.root / "slots", node)
             self._fetcher = RangeFetcher(self.settings.parallel, self.settings.coalesce, slots)
         try:
-            return StreamedShard(
+            streamed = StreamedShard(
                 got,
                 record.ranges,
                 self._fetcher,
@@ -274,6 +269,16 @@ class ShardSource:
         except BaseException:
             got.abandon()  # its download lock above all: held, it would stall every reader
             raise
+        # The size is checked with the shard's first ranges already on their way and its
+        # record written: the other workers follow it at once instead of a round trip
+        # later. No byte is handed out before the check passed (the shard is returned
+        # only then); a wrong size closes it, and its followers read it themselves.
+        try:
+            self._check_size(key, record.size, record.name)
+        except BaseException:
+            streamed.close()
+            raise
+        return streamed
 
     @property
     def fetcher(self) -> RangeFetcher | None:
