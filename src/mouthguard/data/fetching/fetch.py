@@ -271,8 +271,10 @@ class ShardSource:
             raise
         # The size is checked with the shard's first ranges already on their way and its
         # record written: the other workers follow it at once instead of a round trip
-        # later. No byte is handed out before the check passed (the shard is returned
-        # only then); a wrong size closes it, and its followers read it themselves.
+        # later. This process hands out no byte before the check passed (the shard is
+        # returned only then); a follower may read ranges that matched their sha256
+        # meanwhile, as it may before any other failure. A wrong size closes the shard:
+        # its record says given up, and each follower opens it itself and meets the error.
         try:
             self._check_size(key, record.size, record.name)
         except BaseException:
