@@ -482,3 +482,45 @@ def test_a_shard_of_the_wrong_size_is_refused_at_open_and_leaves_nothing(
     path.write_bytes(data)  # repaired: the lock was released, the shard reads again
     stream = StreamingDataset(_tier(ds), prefix="ds", cache_dir=cache)
     assert sorted(s["__key__"] for s in stream) == sorted(expected(N))
+
+
+def test_a_shard_whose_ranges_all_match_waits_for_the_size_check_before_the_cache_keeps_it(
+    ds: Path, tmp_path: Path
+) -> None:
+    """Every range of a longer object matches, and lands before the slow size check fails:
+    the shard is refused, and refused again on the next open (never kept in the cache)."""
+    path = shard_path(ds, 1)
+    path.write_bytes(path.read_bytes() + b"\0" * 512)
+    tier = SlowHeadTier(_tier(ds), seconds=1.0)
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        source, units = _source(ds, tier, cache, 4)
+        with pytest.raises(ShardDamagedError, match="the manifest says"):
+            units.open_unit(1, must=True)
+        units.close()
+        assert not list((cache / "tmp").iterdir())
+        assert not (cache / "blobs" / source.dataset.shards[1].sha256).exists()
+    assert tier.ranges_done_before_head  # the race this test is about did happen
+
+
+class SlowHeadTier(WrappedTier):
+    """Its size lookups of shards take ``seconds``; notes whether ranges were read meanwhile."""
+
+    def __init__(self, inner: Tier, seconds: float) -> None:
+        super().__init__(inner)
+        self.seconds = seconds
+        self.gets = 0
+        self.ranges_done_before_head = False
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        data = self.inner.get(key, start, end)
+        if key.endswith(".tar"):
+            self.gets += 1
+        return data
+
+    def head(self, key: str) -> ObjectInfo:
+        if key.endswith(".tar"):
+            before = self.gets
+            threading.Event().wait(self.seconds)  # the ranges (4 of 64 KiB) land meanwhile
+            self.ranges_done_before_head = self.gets - before >= 4
+        return self.inner.head(key)

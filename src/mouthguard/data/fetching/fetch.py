@@ -265,6 +265,7 @@ class ShardSource:
                 key,
                 where=self.dataset.location.describe(),
                 retry=self.settings.retry,
+                awaiting_check=True,
             )
         except BaseException:
             got.abandon()  # its download lock above all: held, it would stall every reader
@@ -275,11 +276,14 @@ class ShardSource:
         # returned only then); a follower may read ranges that matched their sha256
         # meanwhile, as it may before any other failure. A wrong size closes the shard:
         # its record says given up, and each follower opens it itself and meets the error.
+        # Until the check passed the shard is not committed to the cache, even once every
+        # range matched: a wrong size is refused on every open, not only the first.
         try:
             self._check_size(key, record.size, record.name)
         except BaseException:
             streamed.close()
             raise
+        streamed.check_passed()
         return streamed
 
     @property

@@ -90,6 +90,9 @@ class StreamedShard(ShardFile):
         key: its key.
         where: the dataset, for error messages (its path or URL).
         retry: how transient read failures are retried.
+        awaiting_check: the opener still checks the object itself (its size): the
+            file becomes the cache entry only once :meth:`check_passed` is called
+            as well as every range matched; closed before that, it is dropped.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class StreamedShard(ShardFile):
         *,
         where: str = "",
         retry: RetryPolicy = DEFAULT_RETRY,
+        awaiting_check: bool = False,
     ) -> None:
         super().__init__(reservation.fd, reservation.size, reservation.name)
         self._reservation: Reservation | None = reservation
@@ -120,6 +124,7 @@ class StreamedShard(ShardFile):
         self._failed_at = len(table.sha256)  # the first range that failed: none yet
         self._closed = False
         self._committing = False
+        self._awaiting_check = awaiting_check
         self._cond = threading.Condition()
         self._record_path = Path(f"{reservation.tmp}{PROGRESS}")
         self._record = _new_record(self._record_path, len(table.sha256))
@@ -207,10 +212,34 @@ class StreamedShard(ShardFile):
             if failed:
                 self._give_up_after_failure()
             self._cond.notify_all()
-            finish = self._left == 0 and not self._closed and self._reservation is not None
-            self._committing = finish
+            finish = self._take_commit()
         if finish:
             self._commit()
+
+    def check_passed(self) -> None:
+        """The opener's own check of the object passed: the file may become the cache entry."""
+        with self._cond:
+            self._awaiting_check = False
+            finish = self._take_commit()
+        if finish:
+            self._commit()
+
+    def _take_commit(self) -> bool:
+        """Whether the caller commits the entry now (condition held).
+
+        True once: every range matched, the opener's check passed, the shard is
+        open and not committed or being committed already.
+        """
+        finish = (
+            self._left == 0
+            and not self._awaiting_check
+            and not self._closed
+            and self._reservation is not None
+            and not self._committing
+        )
+        if finish:
+            self._committing = True
+        return finish
 
     def _fetch_checked(self, k: int, count: int) -> list[BaseException | None]:
         """Ranges ``k .. k + count - 1`` read, checked and written; each one's error or None."""
@@ -339,8 +368,8 @@ class StreamedShard(ShardFile):
     def close(self) -> None:
         """Stop fetching; once this shard's fetches in flight are done, release the file.
 
-        A shard whose every range matched is kept as the cache entry; any other
-        is dropped.
+        A shard whose every range matched (and whose opener's check passed) is
+        kept as the cache entry; any other is dropped.
         """
         with self._cond:
             self._closed = True
@@ -348,7 +377,7 @@ class StreamedShard(ShardFile):
             while self._flight or self._committing:
                 self._cond.wait()  # a fetch, or a commit in progress: neither waits on us
             reservation, self._reservation = self._reservation, None
-        if reservation is not None and self._left == 0:
+        if reservation is not None and self._left == 0 and not self._awaiting_check:
             self._reservation, self._committing = reservation, True
             self._commit()  # verified whole just as it was closed: keep it
         elif reservation is not None:  # incomplete: not a cache entry
