@@ -123,6 +123,10 @@ def test_a_failed_range_is_handed_over_while_its_reader_is_not_asking(
     keys = _read_all_in_thread(units_b, second, record.samples)
     assert keys == [e.key for e in source_b.index(0).samples]
     assert failing.failed.is_set()
+    # The samples need no more; the tar's end and any range still on its way in the
+    # background are read too, so that B's download is whole before it is closed (a
+    # shard closed before it is whole is dropped, by design; a loaded machine showed it).
+    assert len(second.read(0, record.size)) == record.size
     # A's own reader still gets the samples before the failed range, then its error.
     with pytest.raises(TierError, match="injected failure"):
         list(units_a.read({0: first}, [0] * record.samples, list(range(record.samples))))
@@ -174,6 +178,9 @@ def test_a_reader_that_finds_the_lock_taken_before_the_record_follows_once_it_ap
     assert isinstance(second, FollowedShard)
     keys = _read_all_in_thread(units_b, second, record.samples)
     assert keys == [e.key for e in source_b.index(0).samples]
+    # The tar's end holds no sample: A reads it too, so that its download is whole
+    # before it is closed (a shard closed before it is whole is dropped, by design).
+    assert len(streaming.read(0, record.size)) == record.size
     second.close()
     streaming.close()
     fetcher.close()
