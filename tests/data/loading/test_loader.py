@@ -163,6 +163,56 @@ def test_workers_share_one_download_per_shard(tmp_path: Path) -> None:
     assert fetched == {s.name: s.size for s in manifest.shards}
 
 
+class ThreadCountingTier(LocalTier):
+    """A local tier whose shard reads log their process and its range-read threads alive."""
+
+    def __init__(self, root: Path, log: Path) -> None:
+        super().__init__(root, name="thread-counting")
+        self.log = log
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        if key.endswith(".tar"):
+            threads = sum(t.name == "range-fetch" for t in threading.enumerate())
+            with self.log.open("a") as f:
+                f.write(f"{os.getpid()} {threads}\n")
+        return super().get(key, start, end)
+
+
+def _range_threads(tmp_path: Path, workers: int, **kwargs: Any) -> dict[str, int]:
+    """Each process that streamed a shard: the most range-read threads it ran at once."""
+    write_dataset(tmp_path, n=N)
+    log = tmp_path / f"threads-{workers}.log"
+    tier = ThreadCountingTier(tmp_path, log)
+    cache = tmp_path / f"cache-{workers}"
+    dataset = make(tier, prefix="ds", cache_dir=cache, **kwargs)
+    loader = StreamingDataLoader(dataset, num_workers=workers)
+    assert sorted(flat(batches(loader))) == sorted(expected(N))
+    most: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        pid, threads = line.split()
+        most[pid] = max(most.get(pid, 0), int(threads))
+    return most
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+@pytest.mark.parametrize(("workers", "each"), [(0, 8), (1, 8), (2, 4), (4, 2)])
+def test_the_default_range_reads_are_split_among_the_workers(
+    tmp_path: Path, workers: int, each: int
+) -> None:
+    """8 range reads per node by default: a process alone runs 8, 4 workers 2 each."""
+    most = _range_threads(tmp_path, workers)
+    assert most  # the shards were streamed
+    assert set(most.values()) == {each}
+    assert (os.getpid() in map(int, most)) == (workers == 0)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_a_range_parallel_given_is_kept_per_worker(tmp_path: Path) -> None:
+    most = _range_threads(tmp_path, 4, range_parallel=3)
+    assert most
+    assert set(most.values()) == {3}
+
+
 def test_the_cache_stays_within_its_limit_for_a_larger_dataset(tmp_path: Path) -> None:
     manifest = write_dataset(tmp_path, n=120)
     largest = max(s.size for s in manifest.shards)

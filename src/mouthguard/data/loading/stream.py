@@ -55,7 +55,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 from mouthguard.data.burst import BurstSignal
 from mouthguard.data.dataset import Dataset, open_at, resolve_keys
 from mouthguard.data.fetching.cache import ShardCache, Verify
-from mouthguard.data.fetching.fetch import IndexMemo, ReadSettings, ShardSource
+from mouthguard.data.fetching.fetch import (
+    NODE_RANGE_REQUESTS,
+    IndexMemo,
+    ReadSettings,
+    ShardSource,
+    split_parallel,
+)
 from mouthguard.data.fetching.prefetch import Closeable, Opener, Prefetcher
 from mouthguard.data.fetching.ranged import DEFAULT_RETRY
 from mouthguard.data.fetching.scratch import default_shard_dir, default_verified_dir
@@ -149,9 +155,14 @@ class StreamingDataset(IterableDataset[Any]):
         range_parallel: range reads in flight per process (per DataLoader worker,
             whatever the number of shards open), each holding at most one range
             in memory: a node has at most ``workers * range_parallel`` in flight.
-            The default, 8, and the 2 MiB ranges the writer records, were the
-            fastest measured against the Ceph RGW on loopback, with and without
-            20 ms added per request (``python -m benchmarks.data.ranges``).
+            None (the default): 8 split among the loader's workers, at least 2
+            each (:func:`~mouthguard.data.fetching.fetch.split_parallel`): 8 when
+            iterated in one process or with one worker, 2 each for 4. 8 in one
+            process, and the 2 MiB ranges the writer records, were the fastest
+            measured against the Ceph RGW on loopback, with and without 20 ms
+            added per request (``python -m benchmarks.data.ranges``); 8 per worker
+            with 4 workers made every request, the first batch's among them,
+            share the server with 31 others (docs/benchmarks-data.md).
         range_coalesce: adjacent pending ranges of a streamed shard one background
             read may cover (each still verified on its own before any sample
             touching it is handed out; a range the reader waits for is read
@@ -198,7 +209,7 @@ class StreamingDataset(IterableDataset[Any]):
         world_size: int | None = None,
         signing_key: KeySpec | None = None,
         range_size: int = 8 * 1024 * 1024,
-        range_parallel: int = 8,
+        range_parallel: int | None = None,
         range_coalesce: int = 2,
         node_requests: int | None = None,
         range_retries: int = DEFAULT_RETRY.retries,
@@ -208,7 +219,8 @@ class StreamingDataset(IterableDataset[Any]):
             raise ValueError(
                 "batch_size and shuffle_window must be >= 1; prefetch, seed, shuffle_buffer >= 0"
             )
-        if min(range_parallel, range_coalesce, 1 if node_requests is None else node_requests) < 1:
+        given = (range_parallel, range_coalesce, node_requests)
+        if min(1 if n is None else n for n in given) < 1:
             raise ValueError("range_parallel, range_coalesce and node_requests must be >= 1")
         keys = resolve_keys(signing_key)
         self.dataset: Dataset = open_at(locate(source, prefix), keys)
@@ -221,9 +233,11 @@ class StreamingDataset(IterableDataset[Any]):
         self.decode = decode
         self.prefetch = prefetch
         self.burst = burst
+        #: None: range_parallel split among the workers, as each iteration starts (_units).
+        self.range_parallel = range_parallel
         self.settings = ReadSettings(
             range_size,
-            range_parallel,
+            NODE_RANGE_REQUESTS if range_parallel is None else range_parallel,
             range_coalesce,
             node_requests,
             replace(DEFAULT_RETRY, retries=range_retries),
@@ -357,7 +371,12 @@ class StreamingDataset(IterableDataset[Any]):
         else:
             assert self.verified_dir is not None  # made with the dataset: read in place
             place = VerifiedFiles(self.verified_dir, self.verify_cache)
-        source = ShardSource(dataset, place, self.settings, self._indexes)
+        settings = self.settings
+        if self.range_parallel is None:
+            info = get_worker_info()
+            workers = 0 if info is None else info.num_workers
+            settings = replace(settings, parallel=split_parallel(workers))
+        source = ShardSource(dataset, place, settings, self._indexes)
         if dataset.manifest.kind == PARQUET:
             from mouthguard.data.reading.pqread import RowGroupUnits  # noqa: PLC0415 - pyarrow when used
 
