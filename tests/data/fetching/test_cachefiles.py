@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
 from pathlib import Path
 
+import pytest
+
+from mouthguard.data.fetching import cachefiles
 from mouthguard.data.fetching.cachefiles import (
+    WRITE_PIECE,
     hash_fd,
     hash_range,
     read_stamp,
     stat_key,
     try_exclusive,
+    write_at,
 )
 
 
@@ -64,3 +70,61 @@ def test_try_exclusive_yields_to_a_held_lock(tmp_path: Path) -> None:
     finally:
         os.close(holder)
     assert try_exclusive(tmp_path / "gone") is None
+
+
+class _Pwrites:
+    """os.pwrite, recording each call's size; ``most`` (if set) writes short, as a pipe may."""
+
+    def __init__(self, most: int | None = None) -> None:
+        self.sizes: list[int] = []
+        self.most = most
+        self.real = os.pwrite
+
+    def __call__(self, fd: int, data: memoryview, offset: int) -> int:
+        self.sizes.append(len(data))
+        return self.real(fd, data if self.most is None else data[: self.most], offset)
+
+
+def test_write_at_writes_every_byte_in_pieces_of_at_most_one_mib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = os.urandom(4 * WRITE_PIECE + 12345)  # a coalesced read of two ranges and a bit
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    calls = _Pwrites()
+    monkeypatch.setattr(cachefiles.os, "pwrite", calls)
+    try:
+        write_at(fd, memoryview(data)[1:], 7)
+        assert os.pread(fd, len(data) + 10, 0) == b"\0" * 7 + data[1:]
+    finally:
+        os.close(fd)
+    assert max(calls.sizes) <= WRITE_PIECE  # 2 MiB writes would take 2 MiB folios
+    assert sum(calls.sizes) == len(data) - 1
+    assert WRITE_PIECE == 1024 * 1024
+
+
+def test_write_at_continues_a_short_write_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = os.urandom(100_000)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    calls = _Pwrites(most=30_000)
+    monkeypatch.setattr(cachefiles.os, "pwrite", calls)
+    try:
+        write_at(fd, data, 0)
+        assert os.pread(fd, 200_000, 0) == data
+    finally:
+        os.close(fd)
+    assert calls.sizes == [100_000, 70_000, 40_000, 10_000]
+
+
+def test_write_at_raises_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(fd: int, data: memoryview, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    monkeypatch.setattr(cachefiles.os, "pwrite", full)
+    try:
+        with pytest.raises(OSError, match="No space left"):
+            write_at(fd, b"x" * 10, 0)
+    finally:
+        os.close(fd)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from mouthguard.data.dataset import Dataset, check_index
 from mouthguard.data.fetching.cache import Reservation, ShardCache, ShardFile
+from mouthguard.data.fetching.cachefiles import write_at
 from mouthguard.data.fetching.follow import follow
 from mouthguard.data.fetching.nodeslots import NodeSlots
 from mouthguard.data.fetching.ranged import DEFAULT_RETRY, read_ranges
@@ -201,10 +202,7 @@ class ShardSource:
             where=self.dataset.location.describe(),
             retry=self.settings.retry,
         ):
-            view, at = memoryview(data), start
-            while view:
-                written = os.pwrite(fd, view, at)
-                view, at = view[written:], at + written
+            write_at(fd, data, start)
             digest.update(data)
         return digest.hexdigest()
 

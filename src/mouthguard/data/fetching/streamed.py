@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mouthguard.data.fetching.cache import PROGRESS, Reservation, ShardFile
+from mouthguard.data.fetching.cachefiles import write_at
 from mouthguard.data.fetching.follow import GIVEN_UP, VERIFIED
 from mouthguard.data.fetching.ranged import DEFAULT_RETRY, get_range
 from mouthguard.data.fetching.rangefetch import RangeFetcher
@@ -309,10 +310,7 @@ class StreamedShard(ShardFile):
                 "sha256 does not match the manifest",
                 shard=self.name,
             )
-        view, at = data, offset
-        while view:
-            written = os.pwrite(self.fd, view, at)
-            view, at = view[written:], at + written
+        write_at(self.fd, data, offset)
         os.pwrite(self._record, bytes([VERIFIED]), k)  # after the bytes: followers read them
 
     def _give_up_after_failure(self) -> None:

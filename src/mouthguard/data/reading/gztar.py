@@ -23,6 +23,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from mouthguard.data.fetching.cache import ShardFile
+from mouthguard.data.fetching.cachefiles import write_at
 from mouthguard.errors import ShardDamagedError
 
 #: Output bytes inflated per step: what one step holds in memory.
@@ -104,10 +105,8 @@ def unpack(file: ShardFile, tar_size: int, directory: str | None = None) -> Shar
         at = 0
         try:
             for piece in gunzip(_file_chunks(file), limit=tar_size):
-                view = memoryview(piece)
-                while view:
-                    written = os.pwrite(handle.fileno(), view, at)
-                    view, at = view[written:], at + written
+                write_at(handle.fileno(), piece, at)
+                at += len(piece)
         except GzipError as exc:
             raise ShardDamagedError(f"shard {file.name}: {exc}", shard=file.name) from None
         if at != tar_size:
