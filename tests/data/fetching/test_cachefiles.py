@@ -72,6 +72,18 @@ def test_try_exclusive_yields_to_a_held_lock(tmp_path: Path) -> None:
     assert try_exclusive(tmp_path / "gone") is None
 
 
+def test_hash_range_spans_many_reads_of_its_reused_buffer(tmp_path: Path) -> None:
+    data = os.urandom(3 * cachefiles._HASH_CHUNK + 4321)  # several reads and a short last one
+    fd = _open(tmp_path / "f", data)
+    try:
+        want = hashlib.sha256(data[777:]).hexdigest()
+        assert hash_range(fd, 777, len(data) - 777) == want
+        assert hash_range(fd, 777, len(data) - 776) == ""  # one byte past the end
+        assert hash_range(fd, 0, 0) == hashlib.sha256(b"").hexdigest()
+    finally:
+        os.close(fd)
+
+
 class _Pwrites:
     """os.pwrite, recording each call's size; ``most`` (if set) writes short, as a pipe may."""
 

@@ -15,8 +15,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-#: Bytes hashed per ``pread``: large enough to amortise the call, small enough to bound RAM.
-_HASH_CHUNK = 8 * 1024 * 1024
+#: Bytes hashed per read, into one buffer that the whole range reuses: small enough that
+#: its pages stay warm (a fresh 8 MiB ``bytes`` per read faulted 2,048 new pages in each
+#: time), large enough to amortise the call. 128 MiB hashed on a 2-CPU VM: 0.096-0.101
+#: CPU-s, against 0.111-0.138 with a fresh 8 MiB ``bytes`` per read (8 runs each, cold
+#: and warm file).
+_HASH_CHUNK = 1024 * 1024
 
 #: The most bytes :func:`write_at` hands to one ``pwrite``. A larger write lets the kernel
 #: fill the file's page cache with 2 MiB folios, and where the machine is a virtual one
@@ -46,13 +50,14 @@ def write_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None
 def hash_range(fd: int, start: int, size: int) -> str:
     """sha256 hex of bytes ``[start, start + size)`` of ``fd`` ("" if the file is shorter)."""
     digest = hashlib.sha256()
+    buffer = memoryview(bytearray(min(_HASH_CHUNK, size)))
     done = 0
     while done < size:
-        chunk = os.pread(fd, min(_HASH_CHUNK, size - done), start + done)
-        if not chunk:
+        got = os.preadv(fd, [buffer[: min(buffer.nbytes, size - done)]], start + done)
+        if not got:
             return ""  # a wrong size never matches a sha256
-        digest.update(chunk)
-        done += len(chunk)
+        digest.update(buffer[:got])
+        done += got
     return digest.hexdigest()
 
 
