@@ -68,6 +68,7 @@ from mouthguard.data.fetching.scratch import default_shard_dir, default_verified
 from mouthguard.data.fetching.verified import VerifiedFiles
 from mouthguard.data.formats.arrow import pyarrow_modules
 from mouthguard.data.formats.manifest import PARQUET
+from mouthguard.data.loading.heap import keep_heap_warm
 from mouthguard.data.loading.order import (
     BlockPlan,
     EpochOrder,
@@ -345,6 +346,8 @@ class StreamingDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if info is not None:
+            keep_heap_warm()  # a worker process exists to read samples: reuse their pages
         shared = self._start
         if info is not None and shared is not None:  # a persistent worker: the loader's word
             self._position = replace(self._position, epoch=shared[0], consumed=shared[1])
