@@ -19,6 +19,7 @@ import pytest
 
 from mouthguard.data import StreamingDataLoader, StreamingDataset
 from mouthguard.data.loading import heap
+from mouthguard.errors import ConfigError
 
 from ..helpers import write_dataset
 
@@ -90,6 +91,12 @@ def test_the_users_own_malloc_settings_are_left_alone(env: dict[str, str]) -> No
     got = _probe("apply", **env)
     assert got["applied"] == [False, False]
     assert got["mapped"] == 1
+
+
+def test_a_wrong_choice_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(heap.OPT_OUT_ENV, "off")
+    with pytest.raises(ConfigError, match="MOUTHGUARD_WORKER_HEAP must be 'warm' or 'default'"):
+        heap.keep_heap_warm()
 
 
 def _heap_state(batch: list[dict[str, Any]]) -> list[Any]:

@@ -17,7 +17,9 @@ sample of up to that size comes from the heap). It is called in DataLoader
 worker processes only -- processes that exist to run the dataset -- never in the
 training process, and not at all where the user chose malloc settings of their
 own (any ``MALLOC_*_`` variable or ``GLIBC_TUNABLES`` in the environment), where
-the C library is not glibc, or where ``MOUTHGUARD_WORKER_HEAP=default`` says so.
+the C library is not glibc, or where ``MOUTHGUARD_WORKER_HEAP=default`` says so
+(``warm``, or unset, is the default; any other value is a ConfigError naming the
+variable).
 The cost is memory: each worker may hold up to :data:`TRIM_THRESHOLD` of free heap
 it would otherwise have returned.
 """
@@ -29,6 +31,8 @@ import ctypes.util
 import os
 import platform
 
+from mouthguard.errors import ConfigError
+
 #: glibc's ``mallopt`` parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -37,15 +41,20 @@ _M_MMAP_THRESHOLD = -3
 TRIM_THRESHOLD = 64 * 1024 * 1024
 #: Allocations below this come from the heap (glibc's ceiling for the setting on 64-bit).
 MMAP_THRESHOLD = 32 * 1024 * 1024
-#: ``MOUTHGUARD_WORKER_HEAP=default`` leaves the worker's malloc settings as they are.
+#: ``MOUTHGUARD_WORKER_HEAP=default`` leaves the worker's malloc settings as they are;
+#: ``warm`` (or unset) applies them.
 OPT_OUT_ENV = "MOUTHGUARD_WORKER_HEAP"
+_CHOICES = ("warm", "default")
 
 _done_in: int | None = None
 
 
 def _user_chose_malloc() -> bool:
     env = os.environ
-    if env.get(OPT_OUT_ENV, "").strip().lower() == "default":
+    choice = env.get(OPT_OUT_ENV, "warm").strip().lower()
+    if choice not in _CHOICES:
+        raise ConfigError(f"{OPT_OUT_ENV} must be 'warm' or 'default', not {choice!r}")
+    if choice == "default":
         return True
     if "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
         return True
@@ -57,6 +66,9 @@ def keep_heap_warm() -> bool:
 
     False (nothing changed) off Linux/glibc, where the user set malloc options of
     their own, or where ``mallopt`` refused a value.
+
+    Raises:
+        ConfigError: ``MOUTHGUARD_WORKER_HEAP`` is neither ``warm`` nor ``default``.
     """
     global _done_in  # noqa: PLW0603 - once per process, forked children included
     pid = os.getpid()
