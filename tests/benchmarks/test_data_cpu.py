@@ -24,6 +24,21 @@ SPIN = (
 )
 
 
+def _own_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` alone, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _until_busy(*pids: int, seconds: float = 0.3) -> None:
+    """Wait until each process has used ``seconds`` of CPU (on a loaded machine, wall
+    time says little about how much CPU a spinning child got)."""
+    deadline = time.monotonic() + 60
+    while any(_own_seconds(pid) < seconds for pid in pids):
+        assert time.monotonic() < deadline, "the spinning children got no CPU in 60 s"
+        time.sleep(0.05)
+
+
 def test_a_child_that_ran_and_was_reaped_during_the_interval_is_counted() -> None:
     before = cpu.mark(None)
     subprocess.run([sys.executable, "-c", SPIN, "0.6"], check=True)
@@ -38,7 +53,7 @@ def test_a_child_still_running_at_the_end_is_counted_by_its_own_time() -> None:
     before = cpu.mark(None)
     child = subprocess.Popen([sys.executable, "-c", SPIN, "30"])
     try:
-        time.sleep(0.8)
+        _until_busy(child.pid)
         used = cpu.spent(before, cpu.mark(None))
     finally:
         child.kill()
@@ -54,15 +69,19 @@ def test_only_processes_naming_the_needle_count_as_the_server() -> None:
     named = subprocess.Popen([sys.executable, "-c", SPIN, "30", needle])
     other = subprocess.Popen([sys.executable, "-c", SPIN, "30"])
     try:
-        time.sleep(0.8)
+        _until_busy(named.pid, other.pid)
+        low = _own_seconds(named.pid)
         server = cpu.matching_seconds(needle)
+        high, others = _own_seconds(named.pid), _own_seconds(other.pid)
     finally:
         for proc in (named, other):
             proc.kill()
             proc.wait()
     assert server is not None
-    # One busy process for 0.8 s: the other spinning child is not in it.
-    assert 0.3 <= server <= 1.6
+    # Exactly the named process's own CPU, read just before and after; the other
+    # spinning child (at least 0.3 s of CPU by then) is not in it.
+    assert low <= server <= high
+    assert high - low < others
     # This process's tree is left out when asked: here, all of the busy named process.
     mine = subprocess.Popen([sys.executable, "-c", SPIN, "30", needle])
     try:
