@@ -99,6 +99,20 @@ def test_a_wrong_choice_is_refused_naming_the_variable(monkeypatch: pytest.Monke
         heap.keep_heap_warm()
 
 
+def test_a_process_that_declined_does_not_look_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(heap, "_declined_in", None)
+    monkeypatch.setenv(heap.OPT_OUT_ENV, "default")
+    assert heap.keep_heap_warm() is False
+
+    def no_second_look() -> tuple[str, str]:
+        raise AssertionError("libc_ver read again (it reads the interpreter's executable)")
+
+    monkeypatch.setattr(heap.platform, "libc_ver", no_second_look)
+    monkeypatch.setenv(heap.OPT_OUT_ENV, "warm")
+    assert heap.keep_heap_warm() is False  # every later iteration of this worker
+    assert heap._done_in is None
+
+
 def _heap_state(batch: list[dict[str, Any]]) -> list[Any]:
     return [os.getpid(), heap._done_in]
 

@@ -46,7 +46,11 @@ MMAP_THRESHOLD = 32 * 1024 * 1024
 OPT_OUT_ENV = "MOUTHGUARD_WORKER_HEAP"
 _CHOICES = ("warm", "default")
 
+#: The process that applied the settings (a forked child must apply them itself).
 _done_in: int | None = None
+#: The process that found them not to apply, so its later iterations look no further
+#: (``platform.libc_ver`` reads the interpreter's executable).
+_declined_in: int | None = None
 
 
 def _user_chose_malloc() -> bool:
@@ -70,10 +74,21 @@ def keep_heap_warm() -> bool:
     Raises:
         ConfigError: ``MOUTHGUARD_WORKER_HEAP`` is neither ``warm`` nor ``default``.
     """
-    global _done_in  # noqa: PLW0603 - once per process, forked children included
+    global _done_in, _declined_in  # noqa: PLW0603 - once per process, forked children included
     pid = os.getpid()
     if _done_in == pid:
         return True
+    if _declined_in == pid:
+        return False
+    if _apply():
+        _done_in = pid
+        return True
+    _declined_in = pid
+    return False
+
+
+def _apply() -> bool:
+    """Set both thresholds; False where they do not apply or glibc refused one."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or _user_chose_malloc():
         return False
     name = ctypes.util.find_library("c")
@@ -83,9 +98,7 @@ def keep_heap_warm() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     # mallopt returns 1 on success; setting either turns off glibc's dynamic thresholds.
-    if mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
-        return False
-    if mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
-        return False
-    _done_in = pid
-    return True
+    # Both values are within glibc's limits, so a refusal means another allocator.
+    mapped: int = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    trimmed: int = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) if mapped == 1 else 0
+    return mapped == 1 and trimmed == 1
