@@ -99,3 +99,35 @@ def test_escaped_pairs_and_plain_text_parse() -> None:
     ]
     assert json_problem(["\udc00"], 2, strings=False) is None  # the caller vouched for strings
     assert json_problem([math.inf], 2, strings=False) == "non-finite number inf"
+
+
+def test_shape_checked_leaves_only_the_depth_to_the_caller() -> None:
+    """The walk is skipped: depth is the caller's; every other refusal still holds."""
+    deep = "[" * 20 + "]" * 20
+    assert parse(deep, max_depth=3, shape_checked=True) is not None
+    with pytest.raises(StrictJsonError, match="nesting limit"):
+        parse(deep, max_depth=3)
+    for text, why in [
+        ('{"a": 1, "a": 2}', "duplicate object key"),
+        ("[NaN]", "NaN is not allowed"),
+        ("[1e400]", "out of range"),
+        ("[" * 200_000 + "]" * 200_000, "nesting limit"),
+    ]:
+        with pytest.raises(StrictJsonError, match=why):
+            parse(text, max_depth=3, shape_checked=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('[["\\ud800"]]', "lone surrogate"),
+        ('[{"k\udc00": 0}]', "lone surrogate"),
+        ('[["\\u00e9"], [[[[]]]]]', "nesting limit"),
+    ],
+)
+def test_shape_checked_text_that_may_hold_a_surrogate_is_walked_in_full(
+    text: str, why: str
+) -> None:
+    """A \\u escape or a raw surrogate: strings and depth are checked as without the flag."""
+    with pytest.raises(StrictJsonError, match=why):
+        parse(text, max_depth=3, shape_checked=True)

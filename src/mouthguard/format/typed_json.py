@@ -442,12 +442,16 @@ def dumps_strict(value: JsonValue, *, indent: int | None = None) -> str:
     return json.dumps(value, allow_nan=False, ensure_ascii=False, indent=indent)
 
 
-def loads_strict(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> JsonValue:
+def loads_strict(
+    text: str | bytes, *, max_depth: int = MAX_DEPTH, shape_checked: bool = False
+) -> JsonValue:
     """Parse JSON text strictly (:func:`mouthguard.format.strict_json.parse`).
 
     Args:
         text: JSON text, or its UTF-8 bytes (no BOM).
         max_depth: Maximum nesting depth of arrays and objects.
+        shape_checked: the caller checks the exact type of every value it uses
+            (see :func:`~mouthguard.format.strict_json.parse`): the depth is then its own.
 
     Returns:
         The parsed value; numbers are finite, strings valid Unicode, keys unique.
@@ -458,6 +462,6 @@ def loads_strict(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> JsonValue:
             the message starts with ``invalid JSON: ``.
     """
     try:
-        return strict_json.parse(text, max_depth=max_depth)
+        return strict_json.parse(text, max_depth=max_depth, shape_checked=shape_checked)
     except strict_json.StrictJsonError as exc:
         raise FormatError(f"invalid JSON: {exc}") from None

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mouthguard.data.formats.index import encode_index, parse_index
+from mouthguard.data.formats.index import Member, SampleEntry, encode_index, parse_index
 from mouthguard.errors import ShardDamagedError
 
 from ..helpers import index_path, write_dataset
@@ -38,6 +38,10 @@ def test_round_trip(index: tuple[Body, int, int]) -> None:
         json.dumps(body).encode(), shard="shard-000000.tar", size=size, count=count
     )
     assert len(parsed.samples) == count
+    first = parsed.samples[0]
+    assert type(first) is SampleEntry and type(first.members[0]) is Member
+    key, offset, length, members = body["samples"][0]
+    assert first == SampleEntry(key, offset, length, tuple(Member(*m) for m in members))
     again = encode_index(parsed.shard, parsed.size, parsed.samples)
     assert json.loads(again) == body
 
@@ -79,6 +83,13 @@ HOSTILE: dict[str, Callable[[Body], None]] = {
     "duplicate key": lambda b: b["samples"][1].__setitem__(0, b["samples"][0][0]),
     "past the end": _set(["samples", -1, 2], 10**9),
     "float offset": _set(["samples", 0, 1], 0.0),
+    # The strict parser leaves the depth of an index to its shape checks (shape_checked):
+    "member nested deep": _set(["samples", 0, 3, 0], [[[[[["txt", 512, 1]]]]]]),
+    "members nested deep": _set(["samples", 0, 3], [[[[[[]]]]]]),
+    "offset nested deep": _set(["samples", 0, 1], [[[[[0]]]]]),
+    "format nested deep": _set(["format"], [[[[[[["mouthguard-shard-index"]]]]]]]),
+    "key a lone surrogate": _set(["samples", 0, 0], "k\ud800"),
+    "extension a lone surrogate": _set(["samples", 0, 3, 0, 0], "t\udfff"),
 }
 
 

@@ -149,10 +149,13 @@ def check_key(key: object) -> str:
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9+-][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_+-]+)*")
 
 
+def is_plain_key(key: str) -> bool:
+    """Whether ``key`` passes :func:`check_key` by the one-match rule (False: check it in full)."""
+    return len(key) <= MAX_KEY_BYTES and _PLAIN_KEY.fullmatch(key) is not None  # ASCII
+
+
 def _key_problem(key: str) -> str | None:
-    if len(key) <= MAX_KEY_BYTES and _PLAIN_KEY.fullmatch(key) is not None:
-        return None  # ASCII: as many bytes as characters
-    return _any_key_problem(key)
+    return None if is_plain_key(key) else _any_key_problem(key)
 
 
 def _any_key_problem(key: str) -> str | None:
