@@ -299,3 +299,24 @@ def test_indexes_are_parsed_once_per_dataset_object_and_again_by_a_new_one(
     flip_byte(index_path(ds, 2), 30)  # damaged after the first object read it
     with pytest.raises(ShardDamagedError, match="shard-000002"):
         list(StreamingDataset(ds, shuffle=False))  # a new object reads and checks it again
+
+
+def test_the_next_blocks_indexes_wait_for_the_first_sample_of_this_one(
+    ds: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the first block's index is read before its first sample; the rest follow, each once."""
+    parses: list[str] = []
+    real = Dataset.read_index
+
+    def counted(self: Dataset, shard: Any) -> Any:
+        parses.append(shard.name)
+        return real(self, shard)
+
+    monkeypatch.setattr(Dataset, "read_index", counted)
+    shards = [s.name for s in open_dataset(ds).manifest.shards]
+    samples = iter(StreamingDataset(ds, shuffle=False, prefetch=2))
+    assert next(samples)["__key__"] == "s00000"
+    assert parses == [shards[0]]
+    rest = [s["__key__"] for s in samples]
+    assert rest == [f"s{i:05d}" for i in range(1, N)]
+    assert sorted(parses) == shards
