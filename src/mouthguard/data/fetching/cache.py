@@ -102,8 +102,11 @@ class ShardFile:
 
     def read(self, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)``; a short file is damage, never a short read."""
-        parts: list[bytes] = []
-        done = 0
+        whole = os.pread(self.fd, length, self.base + offset)
+        if len(whole) == length:  # nearly always: one call per sample, nothing more
+            return whole
+        parts: list[bytes] = [whole] if whole else []
+        done = len(whole)
         while done < length:
             chunk = os.pread(self.fd, length - done, self.base + offset + done)
             if not chunk:
