@@ -52,3 +52,35 @@ def test_a_damaged_index_read_ahead_is_raised_where_it_is_asked_for(tmp_path: Pa
             units._index(1)
     finally:
         units.close()
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["span read", "members read directly"])
+def test_samples_come_whole_and_each_header_must_name_its_member(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: bool
+) -> None:
+    """Below DIRECT_READ a sample is one read of its span, from it each member read alone."""
+    size = tarread.DIRECT_READ if large else 1000  # the large ones: "bin" direct, "txt" not
+    samples = [
+        {"__key__": f"k{i}", "txt": f"text {i}", "bin": bytes([i + 1]) * (size + i)}
+        for i in range(4)
+    ]
+    write_dataset(tmp_path, samples=samples, shard_size=64 * 1024 * 1024)
+    units = _units(tmp_path)
+    try:
+        opened = units.open_unit(0, must=True)
+        assert opened is not None
+        index = units._index(0)
+        assert (min(e.length for e in index.samples) >= tarread.DIRECT_READ) is large
+        got = list(units.read({0: opened}, [0, 0, 0, 0], [3, 1, 0, 2]))
+        assert got == [
+            {"__key__": s["__key__"], "txt": s["txt"].encode(), "bin": s["bin"]}
+            for s in (samples[3], samples[1], samples[0], samples[2])
+        ]
+        # An index that lists sample 1's bytes under sample 0's key: caught at the header.
+        forged = index._replace(samples=(index.samples[1]._replace(key="k0"), *index.samples[1:]))
+        monkeypatch.setattr(units, "_index", lambda unit: forged)
+        with pytest.raises(ShardDamagedError, match=r"shard-000000\.tar: tar header names b'k1\."):
+            list(units.read({0: opened}, [0], [0]))
+        opened.close()
+    finally:
+        units.close()

@@ -32,13 +32,19 @@ from mouthguard.data.fetching.cache import ShardFile
 from mouthguard.data.fetching.fetch import ShardSource
 from mouthguard.data.fetching.streamed import StreamedShard
 from mouthguard.data.formats import names, tarfmt
-from mouthguard.data.formats.index import SampleEntry, ShardIndex
+from mouthguard.data.formats.index import Member, SampleEntry, ShardIndex
 from mouthguard.data.reading.gztar import unpack
 from mouthguard.errors import ShardDamagedError
 
 Sample = dict[str, Any]
 
 
+#: Samples of at least this many bytes are read member by member, each member of at least
+#: this size straight into the ``bytes`` handed out, instead of in one read of the span
+#: with each member copied out of it. CPU per 64 KiB member read and handed on (2-CPU
+#: VM): 7.5 µs against 9.4 with a DataLoader worker's heap settings (data.loading.heap),
+#: 22.5 against 43.8 without them; at 1 MiB 155 against 210, and 268 against 707.
+DIRECT_READ = 64 * 1024
 #: Indexes fetched and parsed at once ahead of the reader (a shuffle window's, typically).
 INDEX_THREADS = 4
 #: Announced indexes kept until asked for. A unit of a block this worker reads no sample
@@ -162,15 +168,47 @@ class TarUnits:
                 file.want(fresh)
 
     def _sample(self, file: ShardFile, entry: SampleEntry) -> Sample:
+        if entry.length >= DIRECT_READ:
+            return self._large_sample(file, entry)
         span = memoryview(file.read(entry.offset, entry.length))
         sample: Sample = {"__key__": entry.key}
         for member in entry.members:
             at = member.offset - entry.offset
             if not self.adopted:
-                header = span[at - tarfmt.BLOCK : at]
-                name = names.member_name(entry.key, member.ext).encode()
-                problem = tarfmt.member_mismatch(header, name, member.size)
-                if problem is not None:
-                    raise ShardDamagedError(f"shard {file.name}: {problem}", shard=file.name)
+                self._check_header(file, entry, member, span[at - tarfmt.BLOCK : at])
             sample[member.ext] = bytes(span[at : at + member.size])
         return sample
+
+    def _large_sample(self, file: ShardFile, entry: SampleEntry) -> Sample:
+        """A sample of at least :data:`DIRECT_READ` bytes: each member read where it lies.
+
+        A member of at least :data:`DIRECT_READ` bytes is read straight into the
+        ``bytes`` handed out, its header (packed shards) a read of its own; a
+        smaller one is read with its header and copied out. Nothing is read twice,
+        and no large member is copied.
+        """
+        sample: Sample = {"__key__": entry.key}
+        for member in entry.members:
+            if self.adopted:
+                sample[member.ext] = file.read(member.offset, member.size)
+            elif member.size >= DIRECT_READ:
+                header = file.read(member.offset - tarfmt.BLOCK, tarfmt.BLOCK)
+                self._check_header(file, entry, member, header)
+                sample[member.ext] = file.read(member.offset, member.size)
+            else:
+                piece = memoryview(
+                    file.read(member.offset - tarfmt.BLOCK, tarfmt.BLOCK + member.size)
+                )
+                self._check_header(file, entry, member, piece[: tarfmt.BLOCK])
+                sample[member.ext] = bytes(piece[tarfmt.BLOCK :])
+        return sample
+
+    @staticmethod
+    def _check_header(
+        file: ShardFile, entry: SampleEntry, member: Member, header: bytes | memoryview
+    ) -> None:
+        """Refuse the sample unless ``header`` is the header of ``member`` (see the module doc)."""
+        name = names.member_name(entry.key, member.ext).encode()
+        problem = tarfmt.member_mismatch(header, name, member.size)
+        if problem is not None:
+            raise ShardDamagedError(f"shard {file.name}: {problem}", shard=file.name)
