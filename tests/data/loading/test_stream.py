@@ -320,3 +320,18 @@ def test_the_next_blocks_indexes_wait_for_the_first_sample_of_this_one(
     rest = [s["__key__"] for s in samples]
     assert rest == [f"s{i:05d}" for i in range(1, N)]
     assert sorted(parses) == shards
+
+
+def test_the_position_read_during_a_pass_counts_every_sample_handed_out(ds: Path) -> None:
+    """Reading the position mid-pass changes nothing: the count goes on from where it was."""
+    dataset = StreamingDataset(ds, shuffle=True, seed=3)
+    samples = iter(dataset)
+    for handed in range(1, 6):
+        next(samples)
+        assert dataset.consumed == handed
+        assert dataset.state_dict()["consumed"] == handed  # read twice: still the same
+    dataset.set_epoch(4)  # another epoch set mid-pass: the pass's count still applies
+    next(samples)
+    assert (dataset.epoch, dataset.consumed) == (4, 6)
+    assert len(list(samples)) == N - 6
+    assert (dataset.epoch, dataset.consumed) == (1, 0)  # the pass that ran was epoch 0's

@@ -284,13 +284,12 @@ class StreamingDataset(IterableDataset[Any]):
         An in-process pass counts each sample it hands out in ``_live`` (an int set
         per sample, where a new :class:`Position` per sample cost about a tenth of a
         warm 10 KB sample); whoever reads the position gets it with that count as
-        ``consumed``, exactly as if it had been stored with each sample.
+        ``consumed``, exactly as if it had been stored with each sample. Reading
+        changes nothing, so a reader on another thread (a checkpoint taken while
+        the pass runs) sees the count of one moment and never loses a later one.
         """
         live = self._live
-        if live is not None:
-            self._stored = self._stored.at(live)
-            self._live = None
-        return self._stored
+        return self._stored if live is None else self._stored.at(live)
 
     @_position.setter
     def _position(self, position: Position) -> None:
