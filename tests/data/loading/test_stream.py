@@ -280,17 +280,23 @@ def test_prefetch_yields_to_a_burst_but_the_consumer_never_waits(ds: Path, tmp_p
     assert burst.waits >= 1
 
 
-def test_indexes_are_parsed_once_per_dataset_object_and_again_by_a_new_one(
-    ds: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    parses: list[str] = []
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the shards whose index is read, in the order they are read."""
+    names: list[str] = []
     real = Dataset.read_index
 
     def counted(self: Dataset, shard: Any) -> Any:
-        parses.append(shard.name)
+        names.append(shard.name)
         return real(self, shard)
 
     monkeypatch.setattr(Dataset, "read_index", counted)
+    return names
+
+
+def test_indexes_are_parsed_once_per_dataset_object_and_again_by_a_new_one(
+    ds: Path, parses: list[str]
+) -> None:
     shards = len(open_dataset(ds).manifest.shards)
     first = StreamingDataset(ds, shuffle=False)
     for _ in range(2):
@@ -302,17 +308,9 @@ def test_indexes_are_parsed_once_per_dataset_object_and_again_by_a_new_one(
 
 
 def test_the_next_blocks_indexes_wait_for_the_first_sample_of_this_one(
-    ds: Path, monkeypatch: pytest.MonkeyPatch
+    ds: Path, parses: list[str]
 ) -> None:
     """Only the first block's index is read before its first sample; the rest follow, each once."""
-    parses: list[str] = []
-    real = Dataset.read_index
-
-    def counted(self: Dataset, shard: Any) -> Any:
-        parses.append(shard.name)
-        return real(self, shard)
-
-    monkeypatch.setattr(Dataset, "read_index", counted)
     shards = [s.name for s in open_dataset(ds).manifest.shards]
     samples = iter(StreamingDataset(ds, shuffle=False, prefetch=2))
     assert next(samples)["__key__"] == "s00000"
