@@ -154,9 +154,9 @@ class _Parser:
                 and item[1] >= 0
                 and item[2] >= 0
             ):
-                member = _new(Member, item)  # what self.member accepts without a word
+                member = _new(Member, item)  # an extension checked before, two plain ints
             else:
-                member = self.member(item, key)
+                member = self.member(item, key)  # checked in full (and refused, or remembered)
             # Header, then data, then padding; an adopted tar may put more headers between.
             where = at + tarfmt.BLOCK
             if member.offset < where if self.adopted else member.offset != where:
@@ -185,14 +185,6 @@ class _Parser:
         ext, offset, size = raw
         if type(ext) is not str:
             raise self.fail(f"sample {key!r} has a member whose extension is not a string")
-        if (
-            ext in self.good_exts
-            and type(offset) is int
-            and type(size) is int
-            and offset >= 0
-            and size >= 0
-        ):
-            return Member(ext, offset, size)
         if self.adopted:
             why = names.adopted_ext_problem(ext)
             if why is not None:
