@@ -26,7 +26,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from benchmarks.data import cpu, readers, s3
+from benchmarks.data import cpu, s3
 from benchmarks.data.config import Cell, CellResult, Epoch, Site
 from benchmarks.data.opens import OpenCounter
 
@@ -89,6 +89,10 @@ def run_epoch(cell: Cell, loader: object, state: str) -> Epoch:
 
 def run_cell(cell: Cell) -> CellResult:
     """Build ``cell``'s loader and run its epochs; a failure becomes ``unavailable``."""
+    # Only a read needs the readers (and torch with them, about 2 s to import): the
+    # write, upload and delete children start without them.
+    from benchmarks.data import readers  # noqa: PLC0415
+
     result = CellResult(cell.reader, cell.source, cell.workers, cell.mode)
     try:
         start = time.perf_counter()
