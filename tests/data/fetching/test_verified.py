@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mouthguard.data import StreamingDataLoader, StreamingDataset
-from mouthguard.data.fetching import verified
+from mouthguard.data.fetching import inplace, verified
 from mouthguard.data.fetching.scratch import default_verified_dir
 from mouthguard.data.fetching.verified import VerifiedFiles
 from mouthguard.data.formats.part import Part
@@ -18,17 +19,24 @@ from mouthguard.errors import ShardDamagedError
 
 from ..helpers import expected, flip_byte, shard_path, write_dataset
 
+HashRange = Callable[[int, int, int], str]
+
 
 def counting_hashes(monkeypatch: pytest.MonkeyPatch, log: Path) -> None:
-    """Log every hash of a whole file, from this process and any it forks, to ``log``."""
-    real = verified.hash_range
+    """Log every hash, from this process and any it forks, to ``log``.
 
-    def logged(fd: int, start: int, size: int) -> str:
-        with log.open("a") as f:
-            f.write(f"{os.getpid()} {start} {size}\n")
-        return real(fd, start, size)
+    A whole file hashed at once, or (a shard with a range table, read by a dataset)
+    its ranges one by one: the shards these tests write fit in one range.
+    """
+    for module in (verified, inplace):
+        real = module.hash_range
 
-    monkeypatch.setattr(verified, "hash_range", logged)
+        def logged(fd: int, start: int, size: int, real: HashRange = real) -> str:
+            with log.open("a") as f:
+                f.write(f"{os.getpid()} {start} {size}\n")
+            return real(fd, start, size)
+
+        monkeypatch.setattr(module, "hash_range", logged)
 
 
 def hashes(log: Path) -> int:

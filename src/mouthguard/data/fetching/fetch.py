@@ -46,7 +46,7 @@ from mouthguard.data.fetching.streamed import StreamedShard
 from mouthguard.data.fetching.verified import VerifiedFiles
 from mouthguard.data.formats.index import ShardIndex
 from mouthguard.data.formats.part import Part
-from mouthguard.data.formats.records import ShardRecord
+from mouthguard.data.formats.records import RangeTable, ShardRecord
 from mouthguard.errors import ObjectNotFoundError, ShardDamagedError
 from mouthguard.tiers.local import LocalTier
 from mouthguard.tiers.retry import RetryPolicy
@@ -218,7 +218,7 @@ class ShardSource:
         if self.cache is not None and record.ranges is not None:
             return self._stream(key, record, must=must)
         part = Part(record.name, "shard", record.size, 0, record.size, record.sha256)
-        return self.open_part(key, part, must=must)
+        return self.open_part(key, part, must=must, table=record.ranges)
 
     def _stream(self, key: str, record: ShardRecord, *, must: bool) -> ShardFile | None:
         """The cache entry, or a download handing out each range once it matched."""
@@ -317,8 +317,14 @@ class ShardSource:
             self._fetcher.close()
             self._fetcher = None
 
-    def open_part(self, key: str, part: Part, *, must: bool) -> ShardFile | None:
+    def open_part(
+        self, key: str, part: Part, *, must: bool, table: RangeTable | None = None
+    ) -> ShardFile | None:
         """``part`` of the data file ``key`` as a verified, open file (None: no room to prefetch).
+
+        ``table``: the range table of a whole shard read in place; its ranges are
+        then verified as it is read (:mod:`~mouthguard.data.fetching.inplace`) unless
+        the record already trusts it.
 
         Raises:
             ShardDamagedError: the file or the bytes do not match the manifest (names them).
@@ -326,7 +332,7 @@ class ShardSource:
         """
         try:
             if self.cache is None:
-                return self._open_in_place(key, part)
+                return self._open_in_place(key, part, table)
             return self.cache.open(
                 part.sha256,
                 part.size,
@@ -338,16 +344,20 @@ class ShardSource:
         except ShardDamagedError as exc:
             if not self.dataset.manifest.adopted:
                 raise
-            # An adopted dataset's files are the user's: changed on purpose more often than
-            # damaged. Say how to take the change in (the message alone crosses to the parent).
-            where = self.dataset.location.describe()
-            raise ShardDamagedError(
-                f"{exc} (if the file was changed on purpose: mouthguard data index --again "
-                f"{where})",
-                shard=exc.shard,
-            ) from None
+            raise ShardDamagedError(f"{exc}{self._advice()}", shard=exc.shard) from None
 
-    def _open_in_place(self, key: str, part: Part) -> ShardFile:
+    def _advice(self) -> str:
+        """What ends a damage message: for an adopted dataset, how to take a change in.
+
+        An adopted dataset's files are the user's: changed on purpose more often than
+        damaged. The message alone crosses from a DataLoader worker to the parent.
+        """
+        if not self.dataset.manifest.adopted:
+            return ""
+        where = self.dataset.location.describe()
+        return f" (if the file was changed on purpose: mouthguard data index --again {where})"
+
+    def _open_in_place(self, key: str, part: Part, table: RangeTable | None) -> ShardFile:
         tier = self.dataset.location.tier
         assert isinstance(tier, LocalTier)
         self._check_size(key, part.file_size, part.name)
@@ -358,7 +368,14 @@ class ShardSource:
             raise ShardDamagedError(f"{part.name} is missing", shard=part.name) from None
         assert self.verified is not None  # no cache: in place, with the shared record
         try:
-            self.verified.check(fd, str(path), part)
+            if table is not None and part.offset == 0 and part.size == part.file_size:
+                ranged = self.verified.open_ranges(
+                    fd, str(path), part, table, advice=self._advice()
+                )
+                if ranged is not None:
+                    return ranged
+            else:
+                self.verified.check(fd, str(path), part)
         except BaseException:
             os.close(fd)
             raise

@@ -1,7 +1,9 @@
 """Which shard files read in place have hashed right: one record, shared by processes.
 
 A local dataset read without a cache is verified where it lies: no sample of a
-shard is read before the whole file hashed to the manifest's sha256. DataLoader
+shard is read before the whole file hashed to the manifest's sha256 or, for a
+shard with a range table (a version 2 manifest), before the range that holds
+it did (:mod:`~mouthguard.data.fetching.inplace`). DataLoader
 workers are new processes every epoch and each of them opens every shard of its
 rank (the batches interleave), so a record kept in one process's memory would
 hash each shard once per worker per epoch -- the dataset K times over with K
@@ -26,16 +28,22 @@ training user, like a cache directory.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
 
 from mouthguard.data.fetching.cache import Verify
 from mouthguard.data.fetching.cachefiles import flocked, hash_range, read_stamp, stat_key
+from mouthguard.data.fetching.inplace import InPlaceShard
 from mouthguard.data.formats.part import Part
+from mouthguard.data.formats.records import RangeTable
 from mouthguard.errors import ShardDamagedError
+
+log = logging.getLogger(__name__)
 
 
 class VerifiedFiles:
@@ -69,12 +77,11 @@ class VerifiedFiles:
         if self.verify == "always":
             _hash(fd, part)
             return
-        tag = hashlib.sha256(f"{path}\0{part.offset}\0{part.sha256}".encode()).hexdigest()[:32]
-        record = self.root / f"{tag}.ok"
+        record, lock = self.paths(path, part)
         key = stat_key(fd)
         if read_stamp(record) == key:
             return
-        with flocked(self.root / f"{tag}.lock"):
+        with flocked(lock):
             if read_stamp(record) == key:  # hashed by another process while we waited
                 return
             try:
@@ -82,9 +89,89 @@ class VerifiedFiles:
             except ShardDamagedError:
                 record.unlink(missing_ok=True)
                 raise
-            tmp = self.root / f"{tag}.ok.{uuid.uuid4().hex}"
+            tmp = self.root / f"{record.name}.{uuid.uuid4().hex}"
             tmp.write_text(json.dumps(key))
             tmp.replace(record)
+
+    def open_ranges(
+        self, fd: int, path: str, part: Part, table: RangeTable, *, advice: str = ""
+    ) -> InPlaceShard | None:
+        """Shard ``part`` of ``fd`` handed out range by range as they match; None: trusted already.
+
+        For a whole shard with a range table. None when the record says the file
+        hashed right (unchanged since), or when another process is verifying it:
+        then this one waits for it as :meth:`check` does and trusts its record.
+        Otherwise this process takes the file's lock and returns an
+        :class:`~mouthguard.data.fetching.inplace.InPlaceShard` that verifies the
+        ranges on a thread of its own and writes the record when all matched.
+        With ``verify="always"`` no record is read or written. ``advice`` ends
+        the message of a range that does not match.
+
+        Raises:
+            ShardDamagedError: the file does not have the manifest's size, or
+                (waiting for another process) its bytes do not match.
+        """
+        if os.fstat(fd).st_size != part.file_size:
+            raise ShardDamagedError(
+                f"{part.name}: {part.what} size does not match the manifest", shard=part.name
+            )
+        if self.verify == "always":
+            return InPlaceShard(fd, part.size, part.name, table, _no_record, advice=advice)
+        record, lock_path = self.paths(path, part)
+        key = stat_key(fd)
+        if read_stamp(record) == key:
+            return None
+        lock = _try_lock(lock_path)
+        if lock is None:  # another process is verifying it: wait for its word
+            self.check(fd, path, part)
+            return None
+        try:
+            if read_stamp(record) == key:  # verified by another process before we locked
+                os.close(lock)
+                return None
+        except BaseException:
+            os.close(lock)
+            raise
+
+        def finished(matched: bool) -> None:
+            # On the hashing thread, after the last range: a record that cannot be
+            # written (a full disk) costs the next process a hash, nothing more.
+            try:
+                if matched:
+                    tmp = self.root / f"{record.name}.{uuid.uuid4().hex}"
+                    tmp.write_text(json.dumps(key))
+                    tmp.replace(record)
+                else:
+                    record.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("the verification record of %s was not written: %s", part.name, exc)
+            finally:
+                os.close(lock)  # releases the lock
+
+        return InPlaceShard(fd, part.size, part.name, table, finished, advice=advice)
+
+    def paths(self, path: str, part: Part) -> tuple[Path, Path]:
+        """The record and the lock of ``part`` of the file at ``path``."""
+        tag = hashlib.sha256(f"{path}\0{part.offset}\0{part.sha256}".encode()).hexdigest()[:32]
+        return self.root / f"{tag}.ok", self.root / f"{tag}.lock"
+
+
+def _no_record(matched: bool) -> None:
+    """Nothing to write or release: with ``verify="always"`` no record is kept."""
+
+
+def _try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive lock on ``path`` (created if missing); None if it is held."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _hash(fd: int, part: Part) -> None:
