@@ -48,11 +48,13 @@ class Gate:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, held: int) -> None:
         self.released = threading.Event()
+        self.waiting = threading.Event()  # a held range is waiting for the gate
         self.hashed: list[int] = []
         real = inplace.hash_range
 
         def gated(fd: int, start: int, size: int) -> str:
             if start // RANGE >= held:
+                self.waiting.set()
                 self.released.wait(timeout=30)
             self.hashed.append(start // RANGE)
             return real(fd, start, size)
@@ -140,6 +142,7 @@ def test_closed_before_the_end_it_stops_hashing_and_reports_no_match(
     fd = os.open(shard, os.O_RDONLY)
     handle = InPlaceShard(fd, len(data), shard.name, table_of(data), results.append)
     assert handle.read(0, 10) == data[:10]
+    assert gate.waiting.wait(timeout=10)  # range 1 is being hashed
     closer = threading.Thread(target=handle.close)
     closer.start()
     gate.open()  # the range in progress is finished, then no other is started
