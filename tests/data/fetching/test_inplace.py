@@ -280,10 +280,57 @@ def test_a_dataset_read_in_place_hands_out_the_samples_before_a_damaged_range_on
     with pytest.raises(ShardDamagedError, match=r"shard-000000\.tar: range 2 \(bytes 131072 to"):
         yielded.extend(sample["__key__"] for sample in stream)
     assert yielded == before
-    assert not list(record.glob("*.ok"))  # nothing recorded as verified
+    first = dataset.manifest.shards[0]
+    damaged_record, _ = VerifiedFiles(record, "stat").paths(
+        str(path), Part(first.name, "shard", first.size, 0, first.size, first.sha256)
+    )
+    assert not damaged_record.exists()  # the shards read ahead may be recorded; not this one
     flip_byte(path, payload)  # repaired (a new pass: the old one would resume where it stopped)
     got = {
         s["__key__"]: {k: v for k, v in s.items() if k != "__key__"} for s in StreamingDataset(ds)
     }
     assert got == expected(DS_SAMPLES)
     assert len(list(record.glob("*.ok"))) == len(dataset.manifest.shards)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads running
+def test_a_process_forked_while_a_shard_is_verified_does_not_keep_its_lock(
+    shard: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DataLoader worker forked meanwhile shares the locked file: it must not pin it."""
+    gate = Gate(monkeypatch, held=1)
+    files = VerifiedFiles(tmp_path / "record", "stat")
+    table = table_of(shard.read_bytes())
+    flip_byte(shard, 3 * RANGE)  # the hashing ends at range 3: no record, ever
+    handle = open_ranges(files, shard, table)
+    assert handle is not None
+    assert gate.waiting.wait(timeout=10)  # the lock is held while range 1 waits
+    go_on, child_done = os.pipe()
+    started, ready = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: says it runs, then only waits, holding what it inherited
+        try:
+            os.close(child_done)
+            os.write(ready, b"!")
+            os.read(go_on, 1)
+        finally:
+            os._exit(0)
+    os.close(go_on)
+    os.close(ready)
+    try:
+        assert os.read(started, 1) == b"!"  # the child runs: its fork handlers have run
+        gate.open()
+        handle.close()  # the hashing stopped at range 3: no record, the lock released
+        assert not list(files.root.glob("*.ok"))
+        got: list[InPlaceShard | None] = []
+        opener = threading.Thread(target=lambda: got.append(open_ranges(files, shard, table)))
+        opener.start()
+        opener.join(timeout=10)
+        assert not opener.is_alive(), "the forked child still holds the shard's lock"
+        (again,) = got
+        assert again is not None  # this process took the lock and verifies it itself
+        again.close()
+    finally:
+        os.close(started)
+        os.close(child_done)  # the child reads end-of-file and exits
+        os.waitpid(pid, 0)
