@@ -293,6 +293,31 @@ def test_a_dataset_read_in_place_hands_out_the_samples_before_a_damaged_range_on
     assert len(list(record.glob("*.ok"))) == len(dataset.manifest.shards)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_hashing_thread_that_fails_unexpectedly_leaves_no_reader_waiting(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = inplace.hash_range
+
+    def failing(fd: int, start: int, size: int) -> str:
+        if start >= RANGE:
+            raise RuntimeError("out of something")
+        return real(fd, start, size)
+
+    monkeypatch.setattr(inplace, "hash_range", failing)
+    data = shard.read_bytes()
+    results: list[bool] = []
+    fd = os.open(shard, os.O_RDONLY)
+    handle = InPlaceShard(fd, len(data), shard.name, table_of(data), results.append)
+    try:
+        assert handle.read(0, RANGE) == data[:RANGE]
+        with pytest.raises(ShardDamagedError, match=r"range 1 could not be verified: .*out of"):
+            handle.read(RANGE, 1)
+    finally:
+        handle.close()
+    assert results == [False]
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads running
 def test_a_process_forked_while_a_shard_is_verified_does_not_keep_its_lock(
     shard: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -119,6 +119,9 @@ class InPlaceShard(ShardFile):
             matched = self.complete
         except OSError as exc:
             self._fail(f"{self.name}: range {self._verified} could not be read: {exc}")
+        except BaseException as exc:  # no reader may wait for a thread that has gone
+            self._fail(f"{self.name}: range {self._verified} could not be verified: {exc!r}")
+            raise
         finally:
             self._finished(matched)
 
