@@ -91,9 +91,7 @@ class VerifiedFiles:
             except ShardDamagedError:
                 record.unlink(missing_ok=True)
                 raise
-            tmp = self.root / f"{record.name}.{uuid.uuid4().hex}"
-            tmp.write_text(json.dumps(key))
-            tmp.replace(record)
+            _write_record(record, key)
 
     def open_ranges(
         self, fd: int, path: str, part: Part, table: RangeTable, *, advice: str = ""
@@ -140,9 +138,7 @@ class VerifiedFiles:
             # written (a full disk) costs the next process a hash, nothing more.
             try:
                 if matched:
-                    tmp = self.root / f"{record.name}.{uuid.uuid4().hex}"
-                    tmp.write_text(json.dumps(key))
-                    tmp.replace(record)
+                    _write_record(record, key)
                 else:
                     record.unlink(missing_ok=True)
             except OSError as exc:
@@ -156,6 +152,13 @@ class VerifiedFiles:
         """The record and the lock of ``part`` of the file at ``path``."""
         tag = hashlib.sha256(f"{path}\0{part.offset}\0{part.sha256}".encode()).hexdigest()[:32]
         return self.root / f"{tag}.ok", self.root / f"{tag}.lock"
+
+
+def _write_record(record: Path, key: list[int]) -> None:
+    """Record ``key`` (the file's stat key) as hashed right: written aside, renamed in."""
+    tmp = record.with_name(f"{record.name}.{uuid.uuid4().hex}")
+    tmp.write_text(json.dumps(key))
+    tmp.replace(record)
 
 
 def _no_record(matched: bool) -> None:
