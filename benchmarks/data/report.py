@@ -20,6 +20,7 @@ from benchmarks.data.report_prose import (
     FLOOR_MARGIN_MS,
     NOTES_TEXT,
     THROUGHPUT_GOAL,
+    processes_line,
     s3_line,
     stall_text,
     targets_text,
@@ -68,6 +69,8 @@ class RunInfo:
     s3_latency_ms: float = 0.0
     #: Every reader's DataLoader kept its workers across epochs (``--persistent-workers``).
     persistent_workers: bool = False
+    #: Every child was forked from a process that had imported torch (``--preloaded-children``).
+    preloaded_children: bool = False
     #: Put before every table title when one run measures several sample sizes.
     label: str = ""
 
@@ -514,6 +517,7 @@ def document(run: RunInfo, parts: Sequence[Part]) -> tuple[str, list[Table]]:
         "",
         *FIGURES_TEXT,
         workers_line(info),
+        processes_line(info),
         "",
     ]
     tables: list[Table] = []

@@ -9,7 +9,7 @@ import pytest
 from benchmarks.data import readers
 from benchmarks.data.config import Cell
 from benchmarks.data.report import RunInfo
-from benchmarks.data.report_prose import workers_line
+from benchmarks.data.report_prose import processes_line, workers_line
 from benchmarks.data.run import parse_args
 from benchmarks.data.wprofile import timeline
 
@@ -45,6 +45,18 @@ def test_the_report_says_which() -> None:
             persistent_workers=flag,
         )  # fmt: skip
         assert word in workers_line(info)
+
+
+def test_the_report_says_how_each_cell_was_started() -> None:
+    assert parse_args(["--quick"]).preloaded_children is True
+    assert parse_args([]).preloaded_children is False
+    assert parse_args(["--preloaded-children"]).preloaded_children is True
+    for flag, word in ((True, "forked from one that had imported torch"), (False, "fresh")):
+        info = RunInfo(
+            "", "", 0.0, (0.0,) * 3, (0.0,) * 3, 1, 1, 1, 1, 20.0, 1, "", None, "", "", ["local"],
+            preloaded_children=flag,
+        )  # fmt: skip
+        assert word in processes_line(info)
 
 
 def test_the_worker_timeline_is_read_by_epoch(
