@@ -48,6 +48,7 @@ import numpy.typing as npt
 
 from mouthguard.errors import KVCacheBusyError, KVCacheError
 from mouthguard.io.direct_write import enable_direct
+from mouthguard.io.forklocks import close_lock_file, open_lock_file
 from mouthguard.kvcache.blocks import Payload, aligned_frame, block_checksum, padded
 from mouthguard.kvcache.segments import (
     SegmentEntry,
@@ -88,7 +89,8 @@ class DiskLevel:
     """Segments in ``directory`` holding at most ``capacity`` bytes.
 
     Args:
-        directory: created if missing; locked (``flock``) for this instance's life.
+        directory: created if missing; locked (``flock``) for this instance's life (a
+            forked child does not hold the lock: :mod:`mouthguard.io.forklocks`).
         capacity: bytes of data files allowed.
         segment_bytes: target size of one segment file (default: see above).
         direct_io: write with O_DIRECT where the filesystem allows.
@@ -384,15 +386,15 @@ class DiskLevel:
     def close(self) -> None:
         """Release the directory lock."""
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            close_lock_file(self._lock_fd)
             self._lock_fd = None
 
 
 def _lock_directory(directory: Path) -> int | None:
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_lock_file(directory / LOCK_NAME)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
-        os.close(fd)
+        close_lock_file(fd)
         raise KVCacheBusyError(f"{directory} is in use by another KVStore") from exc
     return fd

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -195,3 +196,38 @@ def test_settings_are_checked(tmp_path: Path) -> None:
         ShardCache(tmp_path, None, "never")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cache_limit"):
         ShardCache(tmp_path, -1, "stat")
+
+
+def _live_until(ready: object, release: object) -> None:
+    ready.set()  # type: ignore[attr-defined]
+    release.wait(30)  # type: ignore[attr-defined]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads running
+def test_a_worker_forked_during_a_download_does_not_keep_its_lock(tmp_path: Path) -> None:
+    """A DataLoader worker forked while a download holds the entry's lock must not pin it."""
+    cache = ShardCache(tmp_path, None, "stat")
+    data = blob(5)
+    reservation = cache.open_or_reserve(sha(data), SIZE, name="s", must=True)
+    assert isinstance(reservation, cache_module.Reservation)
+    ctx = mp.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_live_until, args=(ready, release))
+    child.start()
+    try:
+        assert ready.wait(30)  # the child runs: its fork handlers have run
+        reservation.abandon()  # the download gave up: the lock is free again
+        got: list[object] = []
+        again = threading.Thread(
+            target=lambda: got.append(cache.open_or_reserve(sha(data), SIZE, name="s", must=True))
+        )
+        again.start()
+        again.join(timeout=10)
+        assert not again.is_alive(), "the forked child still holds the download lock"
+        (second,) = got
+        assert isinstance(second, cache_module.Reservation)
+        second.abandon()
+    finally:
+        release.set()
+        child.join(30)
+    assert child.exitcode == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 from pathlib import Path
@@ -17,7 +16,6 @@ from mouthguard.data.fetching.cachefiles import (
     hash_range,
     read_stamp,
     stat_key,
-    try_exclusive,
     write_at,
 )
 
@@ -55,21 +53,6 @@ def test_a_stamp_is_the_stat_key_it_records(tmp_path: Path) -> None:
     assert read_stamp(tmp_path / "bad") is None
     (tmp_path / "dict").write_text("{}")
     assert read_stamp(tmp_path / "dict") is None
-
-
-def test_try_exclusive_yields_to_a_held_lock(tmp_path: Path) -> None:
-    path = tmp_path / "blob"
-    holder = _open(path, b"")
-    try:
-        fcntl.flock(holder, fcntl.LOCK_SH)  # a reader's pin
-        assert try_exclusive(path) is None
-        fcntl.flock(holder, fcntl.LOCK_UN)
-        fd = try_exclusive(path)
-        assert fd is not None
-        os.close(fd)
-    finally:
-        os.close(holder)
-    assert try_exclusive(tmp_path / "gone") is None
 
 
 def test_hash_range_spans_many_reads_of_its_reused_buffer(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -148,3 +149,27 @@ def test_two_loaders_sharing_a_cache_keep_to_the_node_bound(tmp_path: Path) -> N
         t.join(timeout=300)
     assert all(sorted(keys) == sorted(expected(600)) for keys in got)
     assert 1 <= tier.peak <= 2
+
+
+def _live_until(ready: object, release: object) -> None:
+    ready.set()  # type: ignore[attr-defined]
+    release.wait(30)  # type: ignore[attr-defined]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads running
+def test_a_worker_forked_during_a_request_does_not_keep_its_slot(tmp_path: Path) -> None:
+    slots = NodeSlots(tmp_path / "slots", 1)
+    ctx = mp.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_live_until, args=(ready, release))
+    try:
+        with slots.held(timeout=5):
+            child.start()
+            assert ready.wait(30)  # the child runs: its fork handlers have run
+        # the request ended: the node's only slot is free, though the child lives on
+        with slots.held(timeout=5):
+            pass
+    finally:
+        release.set()
+        child.join(30)
+    assert child.exitcode == 0

@@ -44,6 +44,13 @@ workers, ranks of one node):
   the cache disk is not trusted for that.
 * Temporary files of a process that died are found (nobody holds their lock)
   and removed at the next reservation.
+* **A fork keeps no lock.** The download locks, ``cache.lock`` and eviction's
+  locks are :mod:`mouthguard.io.forklocks` descriptors: a DataLoader worker
+  forked while this process held one lets go of its copy as it starts, so the
+  lock is free once this process releases it. What a child still shares are a
+  download's temporary file (unlinked or renamed by its owner, so nobody else
+  can ask for it) and the pins of open blobs, which only keep those blobs from
+  being evicted while the child lives.
 
 The cache directory must be private to the training user: its stamps and
 locks are trusted, like the files themselves.
@@ -64,14 +71,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from mouthguard.data.fetching.cachefiles import (
-    flocked,
-    hash_fd,
-    read_stamp,
-    stat_key,
-    try_exclusive,
-)
+from mouthguard.data.fetching.cachefiles import hash_fd, read_stamp, stat_key
 from mouthguard.errors import ShardDamagedError, TierError
+from mouthguard.io.forklocks import close_lock_file, flocked, open_lock_file, try_lock
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +154,7 @@ class Reservation:
         nothing. Idempotent; the reservation must then be abandoned.
         """
         if self._lock >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._lock)
+            close_lock_file(self._lock)
             self._lock = -1
 
     def commit(self) -> ShardFile:
@@ -293,23 +294,21 @@ class ShardCache:
             found = self._open_verified(sha256, size, name)
             if found is not None:
                 return found
-            lock = os.open(
-                self.locks / f"{sha256[:3]}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-            )
+            lock = open_lock_file(self.locks / f"{sha256[:3]}.lock")
             try:
                 other = self._lock_or(lock, meanwhile)
                 if other is not None:
-                    os.close(lock)
+                    close_lock_file(lock)
                     return other
                 if (self.blobs / sha256).exists():
-                    os.close(lock)
+                    close_lock_file(lock)
                     continue  # inserted while we waited for the lock: verify it above
                 reserved = self._reserve(sha256, size, must=must)
             except BaseException:
-                os.close(lock)
+                close_lock_file(lock)
                 raise
             if reserved is None:
-                os.close(lock)
+                close_lock_file(lock)
                 return None
             return Reservation(self, sha256, size, name, *reserved, lock)
         raise TierError(f"{name}: cache entry kept changing under {self.root}")
@@ -401,11 +400,11 @@ class ShardCache:
                 if not Path(download).exists():  # its download is gone
                     Path(entry.path).unlink(missing_ok=True)
                 continue
-            fd = try_exclusive(Path(entry.path))
+            fd = try_lock(Path(entry.path), os.O_RDONLY | os.O_NOFOLLOW)
             if fd is not None:  # nobody downloads into it: its process died
                 with contextlib.suppress(OSError):
                     Path(entry.path).unlink()
-                os.close(fd)
+                close_lock_file(fd)
                 continue
             with contextlib.suppress(FileNotFoundError):
                 used += entry.stat(follow_symlinks=False).st_size
@@ -445,7 +444,7 @@ class ShardCache:
     def _evict(self, sha256: str) -> bool:
         """Remove an unpinned blob (and its stamp); False if it is in use."""
         path = self.blobs / sha256
-        fd = try_exclusive(path)
+        fd = try_lock(path, os.O_RDONLY | os.O_NOFOLLOW)
         if fd is None:
             return False
         try:
@@ -456,7 +455,7 @@ class ShardCache:
             if exc.errno != errno.ENOENT:
                 raise
         finally:
-            os.close(fd)
+            close_lock_file(fd)
         return True
 
     def _remove(self, sha256: str) -> None:

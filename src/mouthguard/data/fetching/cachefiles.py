@@ -1,18 +1,16 @@
-r"""The shard cache's file primitives: sha256 of a file's bytes, stat stamps, ``flock``\ s.
+"""The shard cache's file primitives: sha256 of a file's bytes, stat stamps.
 
 Used by :mod:`~mouthguard.data.fetching.cache` and by the readers that verify files in
-place (:mod:`~mouthguard.data.fetching.verified`). A stamp is the ``stat`` key of a file as
+place (:mod:`~mouthguard.data.fetching.verified`), whose locks come from
+:mod:`mouthguard.io.forklocks`. A stamp is the ``stat`` key of a file as
 it was when its bytes last hashed right (see the cache's module docstring).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 #: Bytes hashed per read, into one buffer that the whole range reuses: small enough that
@@ -81,28 +79,3 @@ def stat_key(fd: int) -> list[int]:
     """``[device, inode, size, mtime_ns, ctime_ns]`` of ``fd``, as a verification stamp holds."""
     st = os.fstat(fd)
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-@contextlib.contextmanager
-def flocked(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def try_exclusive(path: Path) -> int | None:
-    """An fd holding an exclusive lock on ``path``, or None if someone holds it (or it is gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd

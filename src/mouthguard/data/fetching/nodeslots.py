@@ -14,6 +14,8 @@ processes that use that cache); a request holds one slot, an exclusive
   contend as processes do).
 * **Crashes.** The kernel drops a dead process's locks: a killed worker never
   leaks a slot.
+* **Forks.** The slots are :mod:`mouthguard.io.forklocks` descriptors: a worker
+  forked while a request of this process is in flight does not keep its slot.
 * **Waiting.** A request that finds every slot taken polls every
   :data:`_POLL` seconds (a request lasts milliseconds to seconds; a wait of a
   millisecond more is noise), in no particular order: no fairness is promised.
@@ -27,6 +29,8 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from mouthguard.io.forklocks import close_lock_file, open_lock_file
 
 #: Seconds between looks at the slots while all are taken.
 _POLL = 0.001
@@ -59,21 +63,21 @@ class NodeSlots:
         try:
             yield fd
         finally:
-            os.close(fd)  # closing the only descriptor drops the flock
+            close_lock_file(fd)  # closing the only descriptor drops the flock
 
     def _take(self, deadline: float | None) -> int:
         while True:
             start = self._next
             for i in range(self.count):
                 path = self._paths[(start + i) % self.count]
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fd = open_lock_file(path)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    os.close(fd)
+                    close_lock_file(fd)
                     continue
                 except BaseException:
-                    os.close(fd)
+                    close_lock_file(fd)
                     raise
                 self._next = (start + i + 1) % self.count
                 return fd

@@ -24,26 +24,29 @@ it hashed right is not hashed again. Any change made through the filesystem
 full re-hash; silent media corruption does not, so ``verify="always"`` hashes
 on every open (no record is consulted). The directory must be private to the
 training user, like a cache directory.
+
+A record that cannot be written (a full disk) is logged and costs the next
+process one hash; the reader is not failed for it. The locks are
+:mod:`mouthguard.io.forklocks` descriptors: a DataLoader worker forked while
+this process hashes a file lets go of the lock as it starts.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import threading
 import uuid
 from pathlib import Path
 
 from mouthguard.data.fetching.cache import Verify
-from mouthguard.data.fetching.cachefiles import flocked, hash_range, read_stamp, stat_key
+from mouthguard.data.fetching.cachefiles import hash_range, read_stamp, stat_key
 from mouthguard.data.fetching.inplace import InPlaceShard
 from mouthguard.data.formats.part import Part
 from mouthguard.data.formats.records import RangeTable
 from mouthguard.errors import ShardDamagedError
+from mouthguard.io.forklocks import close_lock_file, flocked, try_lock
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +124,16 @@ class VerifiedFiles:
         key = stat_key(fd)
         if read_stamp(record) == key:
             return None
-        lock = _try_lock(lock_path)
+        lock = try_lock(lock_path)
         if lock is None:  # another process is verifying it: wait for its word
             self.check(fd, path, part)
             return None
         try:
             if read_stamp(record) == key:  # verified by another process before we locked
-                _release(lock)
+                close_lock_file(lock)
                 return None
         except BaseException:
-            _release(lock)
+            close_lock_file(lock)
             raise
 
         def finished(matched: bool) -> None:
@@ -144,7 +147,7 @@ class VerifiedFiles:
             except OSError as exc:
                 log.warning("the verification record of %s was not written: %s", part.name, exc)
             finally:
-                _release(lock)
+                close_lock_file(lock)
 
         return InPlaceShard(fd, part.size, part.name, table, finished, advice=advice)
 
@@ -163,54 +166,6 @@ def _write_record(record: Path, key: list[int]) -> None:
 
 def _no_record(matched: bool) -> None:
     """Nothing to write or release: with ``verify="always"`` no record is kept."""
-
-
-#: The lock descriptors this process holds while a shard's ranges are hashed. A
-#: ``flock`` belongs to the open file, which a forked child shares: a DataLoader worker
-#: started meanwhile would keep the lock held after this process released it, and
-#: wait on it forever when it opens that shard. The child closes its copies as it
-#: starts (until it has, a process asking for the lock waits, as for any holder).
-_held: set[int] = set()
-_held_guard = threading.Lock()
-
-
-def _try_lock(path: Path) -> int | None:
-    """An fd holding an exclusive lock on ``path`` (created if missing); None if it is held."""
-    with _held_guard:  # no fork between taking the lock and noting it
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        _held.add(fd)
-    return fd
-
-
-def _release(fd: int) -> None:
-    """Release a lock taken by :func:`_try_lock` (closing its only descriptor)."""
-    with _held_guard:
-        _held.discard(fd)
-        os.close(fd)
-
-
-def _close_inherited_locks() -> None:
-    """In a forked child: close the parent's lock descriptors (the parent still holds them)."""
-    for fd in _held:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _held.clear()
-    _held_guard.release()  # taken by the forking thread, which the child continues
-
-
-os.register_at_fork(
-    before=_held_guard.acquire,
-    after_in_parent=_held_guard.release,
-    after_in_child=_close_inherited_locks,
-)
 
 
 def _hash(fd: int, part: Part) -> None:
