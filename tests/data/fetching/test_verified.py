@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -183,3 +185,28 @@ def test_a_record_directory_others_can_write_is_not_used(tmp_path: Path) -> None
     mine = tmp_path / "cache"
     found = default_verified_dir({"XDG_CACHE_HOME": str(mine)})
     assert found == str(mine / "mouthguard" / "verified")
+
+
+def test_a_record_that_cannot_be_written_is_logged_and_the_read_goes_on(
+    tmp_path: Path,
+    blob: tuple[Path, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = tmp_path / "hashes.log"
+    counting_hashes(monkeypatch, log)
+
+    def disk_full(record: Path, key: list[int]) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(verified, "_write_record", disk_full)
+    path, sha = blob
+    files = VerifiedFiles(tmp_path / "record", "stat")
+    with caplog.at_level(logging.WARNING, logger=verified.__name__):
+        check(files, path, sha)  # the bytes matched: no error for the reader
+    assert "was not written" in caplog.text
+    assert "No space left" in caplog.text
+    check(files, path, sha)  # nothing recorded: the next check pays one hash
+    assert hashes(log) == 2
+    with pytest.raises(ShardDamagedError):  # damage is still refused, record or not
+        check(files, path, hashlib.sha256(b"other").hexdigest())

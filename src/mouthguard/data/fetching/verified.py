@@ -94,7 +94,10 @@ class VerifiedFiles:
             except ShardDamagedError:
                 record.unlink(missing_ok=True)
                 raise
-            _write_record(record, key)
+            try:
+                _write_record(record, key)
+            except OSError as exc:  # the bytes matched: the reader goes on
+                log.warning("the verification record of %s was not written: %s", part.name, exc)
 
     def open_ranges(
         self, fd: int, path: str, part: Part, table: RangeTable, *, advice: str = ""
