@@ -48,8 +48,9 @@ _BASE = {
     "config",
 } | IO_ABOVE_TIERS
 
-#: What the parts of ``data`` build on outside it.
-_DATA_BELOW = {"errors", "pathsafety", "format", "tiers"}
+#: What the parts of ``data`` build on outside it (``io``: its low half, below the tiers --
+#: the lock files a forked DataLoader worker lets go of).
+_DATA_BELOW = {"errors", "pathsafety", "io", "format", "tiers"}
 #: The parts of ``data``: its subpackages, and the modules beside them with rules of their own.
 _DATA = {
     "data",
