@@ -159,13 +159,15 @@ class PreloadedChildren:
         stdin.flush()
         started = self._line(zygote, time.monotonic() + 60)
         if started is None:
+            self.close()  # out of step with it: the next run starts another
             raise ZygoteError("the zygote did not start a child within 60 s")
         self.pid = started["pid"]
         try:
             ended = self._line(zygote, time.monotonic() + timeout)
             if ended is None:
                 self.kill()
-                self._line(zygote, time.monotonic() + 60)  # its exit, after the kill
+                if self._line(zygote, time.monotonic() + 60) is None:  # its exit, after the kill
+                    self.close()  # out of step with it: the next run starts another
                 return Finished(None, "", "")
         except BaseException:  # interrupted (SIGTERM, ^C): the child goes too
             self.kill()

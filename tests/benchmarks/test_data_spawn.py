@@ -82,10 +82,8 @@ def test_a_child_past_its_timeout_is_killed_with_its_group_and_the_next_one_runs
     launcher: spawn.Launcher, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "grandchild"
-    started = time.monotonic()
     done = launcher.run(["hang", str(pidfile)], child_env(), timeout=3)
-    assert done.returncode is None
-    assert time.monotonic() - started < 60
+    assert done.returncode is None  # killed at its timeout (it sleeps 600 s otherwise)
     grandchild = int(pidfile.read_text())
     deadline = time.monotonic() + 10
     while alive(grandchild) and time.monotonic() < deadline:

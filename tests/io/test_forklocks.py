@@ -173,11 +173,9 @@ def test_a_fork_does_not_wait_for_a_lock_another_thread_waits_for(tmp_path: Path
     waiter.start()
     try:
         time.sleep(0.2)  # the waiter is (very likely) in flock now; the fork must not care
-        started = time.monotonic()
-        with forked_child() as child:
+        with forked_child() as child:  # a fork that waited for the lock would hang here
             child()
-        assert time.monotonic() - started < 10
-        assert not entered.is_set()
+        assert not entered.is_set()  # the fork was done while the waiter still waited
     finally:
         forklocks.close_lock_file(holder)
         waiter.join(timeout=10)
