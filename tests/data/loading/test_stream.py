@@ -307,16 +307,20 @@ def test_indexes_are_parsed_once_per_dataset_object_and_again_by_a_new_one(
         list(StreamingDataset(ds, shuffle=False))  # a new object reads and checks it again
 
 
-def test_the_next_blocks_indexes_wait_for_the_first_sample_of_this_one(
-    ds: Path, parses: list[str]
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_next_blocks_indexes_wait_for_the_first_batch(
+    ds: Path, parses: list[str], batch: int
 ) -> None:
-    """Only the first block's index is read before its first sample; the rest follow, each once."""
-    shards = [s.name for s in open_dataset(ds).manifest.shards]
-    samples = iter(StreamingDataset(ds, shuffle=False, prefetch=2))
-    assert next(samples)["__key__"] == "s00000"
-    assert parses == [shards[0]]
+    """Only the first block's index is read before its first batch; the rest follow, each once."""
+    manifest = open_dataset(ds).manifest
+    assert manifest.shards[0].samples > batch  # the first batch lies in the first block
+    shards = [s.name for s in manifest.shards]
+    samples = iter(StreamingDataset(ds, shuffle=False, prefetch=2, batch_size=batch))
+    first = [next(samples)["__key__"] for _ in range(batch)]
+    assert first == [f"s{i:05d}" for i in range(batch)]
+    assert parses == [shards[0]]  # the next block is planned when the next sample is asked for
     rest = [s["__key__"] for s in samples]
-    assert rest == [f"s{i:05d}" for i in range(1, N)]
+    assert rest == [f"s{i:05d}" for i in range(batch, N)]
     assert sorted(parses) == shards
 
 
