@@ -32,10 +32,11 @@ OSD's RAM and every read crosses loopback HTTP). Then:
   again before each); the figure is their median. Every loaded state is
   compared with the saved one, tensor by tensor.
 
-Writes ``docs/benchmarks-peer-memory.md``. With ``--profile`` it writes nothing:
-it runs one job per size with every rank's first peer-memory and first S3
-recovery ``load()`` under cProfile and prints the slowest rank's profile of each
-(the profiler's overhead makes those times longer than the report's).
+Writes ``docs/benchmarks-peer-memory.md``. With ``--profile`` every rank also
+runs one more peer-memory and one more S3 recovery ``load()`` per size, after
+the timed ones, under cProfile, and the slowest rank's profile of each is
+printed after the report; those two recoveries count in no figure (the
+profiler's overhead makes them slower than the timed ones).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.peer_memory``: run, write and print the report (or ``--profile``)."""
+"""``python -m benchmarks.peer_memory``: run, write and print the report (and profiles)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,22 @@ from pathlib import Path
 
 from benchmarks.peer_memory import DEFAULT_OUT
 from benchmarks.peer_memory import __doc__ as about
-from benchmarks.peer_memory.launch import S3Target, run_size, s3_target
-from benchmarks.peer_memory.report import check_recoveries, report
+from benchmarks.peer_memory.launch import S3Target, s3_target
+from benchmarks.peer_memory.report import Row, report
 from benchmarks.state import REPO, parse_size, size_label
 
 
-def _profile(sizes: list[int], rounds: int, disk: Path, s3: S3Target) -> None:
-    """Print, per size, the slowest rank's profile of its first peer and S3 recovery."""
+def _print_profiles(rows: list[Row], s3: S3Target) -> None:
+    """Print, per size, the slowest rank's profile of its extra peer and S3 recovery."""
     names = {"peers": "peer-memory", "s3": "S3"}
-    for nbytes in sizes:
-        ranks = run_size(nbytes, rounds, disk, s3, profile=True)
-        check_recoveries(ranks, rounds)
+    for row in rows:
         for source, name in names.items():
-            if source not in ranks[0]["profiles"]:
-                print(f"## {size_label(nbytes)}iB per rank: no {name} recovery ({s3.why_not})\n")
+            label = f"{size_label(row.nbytes)}iB per rank"
+            if source not in row.profiles:
+                print(f"## {label}: no {name} recovery ({s3.why_not})\n")
                 continue
-            slowest = max(ranks, key=lambda r: r["seconds"][source][0])
-            print(f"## {size_label(nbytes)}iB per rank: the slowest rank's {name} recovery")
-            print(slowest["profiles"][source])
+            print(f"## {label}: the slowest rank's {name} recovery")
+            print(row.profiles[source])
 
 
 def main() -> None:
@@ -38,15 +36,17 @@ def main() -> None:
         "--dir", type=Path, default=REPO, help="where the disk checkpoints go (a real disk)"
     )
     parser.add_argument(
-        "--profile", action="store_true", help="print profiles of one recovery per size instead"
+        "--profile",
+        action="store_true",
+        help="also print profiles of one extra peer and S3 recovery per size (not in the figures)",
     )
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     with s3_target() as s3:
-        if args.profile:
-            _profile(sizes, args.rounds, args.dir, s3)
-        else:
-            print(report(sizes, args.rounds, args.out, args.dir, s3))
+        text, rows = report(sizes, args.rounds, args.out, args.dir, s3, profile=args.profile)
+    print(text)
+    if args.profile:
+        _print_profiles(rows, s3)
 
 
 if __name__ == "__main__":

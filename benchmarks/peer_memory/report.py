@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ class Row:
     plain_save: float
     peer_save: float
     held_per_rank: float
+    #: With a profile: the slowest rank's cProfile lines of its profiled recovery, per source.
+    profiles: dict[str, str] = field(default_factory=dict)
 
 
 def _recoveries(ranks: list[dict[str, Any]], source: str) -> list[float]:
@@ -52,10 +54,17 @@ def check_recoveries(ranks: list[dict[str, Any]], rounds: int) -> None:
         assert all(got == expected[source] for source, each in loaded for got in each), loaded
 
 
-def measure(nbytes: int, rounds: int, disk: Path, s3: S3Target) -> Row:
-    """Run one size's job, check every recovery loaded the saved state, and summarise it."""
-    ranks = run_size(nbytes, rounds, disk, s3)
+def measure(nbytes: int, rounds: int, disk: Path, s3: S3Target, *, profile: bool = False) -> Row:
+    """Run one size's job, check every recovery loaded the saved state, and summarise it.
+
+    ``profile``: also profile one extra peer-memory and S3 recovery (not in the figures).
+    """
+    ranks = run_size(nbytes, rounds, disk, s3, profile=profile)
     check_recoveries(ranks, rounds)
+    profiles = {
+        source: max(ranks, key=lambda r: r["profiled_seconds"][source])["profiles"][source]
+        for source in ranks[0]["profiles"]
+    }
     return Row(
         nbytes,
         statistics.median(_recoveries(ranks, "disk")),
@@ -66,6 +75,7 @@ def measure(nbytes: int, rounds: int, disk: Path, s3: S3Target) -> Row:
         statistics.median(_rounds(ranks, "save", "plain")),
         statistics.median(_rounds(ranks, "save", "peers")),
         max(r["node_bytes"] for r in ranks) / 2,  # 2 ranks per node
+        profiles,
     )
 
 
@@ -108,10 +118,16 @@ _NOTES = [
 ]
 
 
-def report(sizes: list[int], rounds: int, out: Path, disk: Path, s3: S3Target) -> str:
-    """Run every size and write the Markdown report; return it."""
+def report(
+    sizes: list[int], rounds: int, out: Path, disk: Path, s3: S3Target, *, profile: bool = False
+) -> tuple[str, list[Row]]:
+    """Run every size and write the Markdown report; return it, and each size's row.
+
+    ``profile``: each row also holds the profiles of one extra recovery per source
+    (:func:`measure`), which the report's figures do not count.
+    """
     before = os.getloadavg()
-    rows = [measure(nbytes, rounds, disk, s3) for nbytes in sizes]
+    rows = [measure(nbytes, rounds, disk, s3, profile=profile) for nbytes in sizes]
     after = os.getloadavg()
     server = f"S3: Ceph RGW {s3.version}." if s3.options else f"S3 not run: {s3.why_not}."
     lines = [
@@ -141,4 +157,4 @@ def report(sizes: list[int], rounds: int, out: Path, disk: Path, s3: S3Target) -
     ]
     text = "\n".join(lines)
     out.write_text(text)
-    return text
+    return text, rows

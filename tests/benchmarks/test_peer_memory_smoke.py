@@ -1,4 +1,4 @@
-"""The peer-memory benchmark end to end on a tiny state: every figure is there (no timing).
+"""The peer-memory benchmark end to end on a tiny state: every figure and profile (no timing).
 
 The S3 column needs the Ceph programs (``make system-deps``); where they are
 missing the benchmark says so in the report, and the tests check that and skip
@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -30,11 +31,25 @@ def _benchmark(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_every_figure_is_reported(tmp_path: Path) -> None:
-    out = tmp_path / "report.md"
-    done = _benchmark("--out", str(out), "--dir", str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    text = out.read_text()
+class Run(NamedTuple):
+    """One run of the benchmark with ``--profile``: its report and what it printed."""
+
+    done: subprocess.CompletedProcess[str]
+    report: Path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The benchmark run once, with profiles, for every test here (a run takes tens of seconds)."""
+    root = tmp_path_factory.mktemp("peer-memory")
+    out = root / "report.md"
+    return Run(_benchmark("--profile", "--out", str(out), "--dir", str(root)), out)
+
+
+def test_every_figure_is_reported(run: Run) -> None:
+    assert run.done.returncode == 0, run.done.stderr
+    text = run.report.read_text()
+    assert text in run.done.stdout  # printed as written
     row = next(line for line in text.splitlines() if line.startswith("| 1MiB |"))
     assert row.count(" ms |") == 2 and "MiB |" in row
     assert "Load average" in text
@@ -47,21 +62,19 @@ def test_every_figure_is_reported(tmp_path: Path) -> None:
     assert "S3: Ceph RGW" in text and "not run" not in row
 
 
-def test_the_profile_names_the_recovery(tmp_path: Path) -> None:
-    out = tmp_path / "report.md"
-    done = _benchmark("--profile", "--out", str(out), "--dir", str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    assert "1MiB per rank: the slowest rank's peer-memory recovery" in done.stdout
+def test_the_profile_names_the_recovery(run: Run) -> None:
+    assert run.done.returncode == 0, run.done.stderr
+    printed = run.done.stdout.split(run.report.read_text(), 1)[1]  # after the report
+    assert "1MiB per rank: the slowest rank's peer-memory recovery" in printed
     # resume_from_peers holds nearly all of the load's time, so it is always among
     # the top lines; its parts (map_copy, the transfer) are not: under load the
     # collectives' waits can push them out of the 30 printed.
-    peers = done.stdout.split("## 1MiB per rank: the slowest rank's S3", 1)[0]
+    peers = printed.split("## 1MiB per rank: the slowest rank's S3", 1)[0]
     assert "resume_from_peers" in peers
-    assert not out.exists()  # a profile writes no report
     if missing := missing_binaries():
-        assert "1MiB per rank: no S3 recovery (Ceph programs missing" in done.stdout
+        assert "1MiB per rank: no S3 recovery (Ceph programs missing" in printed
         pytest.skip(f"the S3 profile was not run: Ceph programs missing: {', '.join(missing)}")
-    s3 = done.stdout.split("1MiB per rank: the slowest rank's S3 recovery")[1]
+    s3 = printed.split("1MiB per rank: the slowest rank's S3 recovery")[1]
     # A profile of a load that did not go through peer memory. (Which S3 functions
     # reach its top lines at 1 MiB varies from run to run, so none is named.)
     assert "(load)" in s3 and "resume_from_peers" not in s3
