@@ -36,7 +36,8 @@ Writes ``docs/benchmarks-peer-memory.md``. With ``--profile`` every rank also
 runs one more peer-memory and one more S3 recovery ``load()`` per size, after
 the timed ones, under cProfile, and the slowest rank's profile of each is
 printed after the report; those two recoveries count in no figure (the
-profiler's overhead makes them slower than the timed ones).
+profiler's overhead makes them slower than the timed ones). A run with
+``--profile`` writes its report only where ``--out`` says.
 """
 
 from __future__ import annotations

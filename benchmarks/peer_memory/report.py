@@ -119,9 +119,17 @@ _NOTES = [
 
 
 def report(
-    sizes: list[int], rounds: int, out: Path, disk: Path, s3: S3Target, *, profile: bool = False
+    sizes: list[int],
+    rounds: int,
+    out: Path | None,
+    disk: Path,
+    s3: S3Target,
+    *,
+    profile: bool = False,
 ) -> tuple[str, list[Row]]:
-    """Run every size and write the Markdown report; return it, and each size's row.
+    """Run every size and write the Markdown report to ``out`` (None: nowhere).
+
+    Returns the report and each size's row.
 
     ``profile``: each row also holds the profiles of one extra recovery per source
     (:func:`measure`), which the report's figures do not count.
@@ -156,5 +164,6 @@ def report(
         *_NOTES,
     ]
     text = "\n".join(lines)
-    out.write_text(text)
+    if out is not None:
+        out.write_text(text)
     return text, rows
