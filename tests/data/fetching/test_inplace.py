@@ -13,6 +13,7 @@ import pytest
 
 from mouthguard.data import StreamingDataset, open_dataset
 from mouthguard.data.fetching import inplace
+from mouthguard.data.fetching.cache import ShardFile
 from mouthguard.data.fetching.inplace import InPlaceShard
 from mouthguard.data.fetching.verified import VerifiedFiles
 from mouthguard.data.formats.part import Part
@@ -157,7 +158,7 @@ def test_closed_before_the_end_it_stops_hashing_and_reports_no_match(
 # -- VerifiedFiles.open_ranges: the record shared by processes ----------------------------
 
 
-def open_ranges(files: VerifiedFiles, path: Path, table: RangeTable) -> InPlaceShard | None:
+def open_ranges(files: VerifiedFiles, path: Path, table: RangeTable) -> ShardFile | None:
     data = path.read_bytes()
     fd = os.open(path, os.O_RDONLY)
     handle = files.open_ranges(fd, str(path), part_of(path, data), table)

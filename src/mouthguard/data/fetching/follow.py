@@ -62,6 +62,9 @@ class FollowedShard(ShardFile):
         size: the shard's size.
         name: its name.
         fallback: opens the shard the ordinary way (called at most once).
+        alive: whether the process writing the record still works on it (None:
+            whether it still holds its exclusive lock on ``data``, as a streaming
+            download does).
     """
 
     def __init__(  # noqa: PLR0917 - built in one place, by follow()
@@ -72,9 +75,12 @@ class FollowedShard(ShardFile):
         size: int,
         name: str,
         fallback: Callable[[], ShardFile],
+        *,
+        alive: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(data, size, name)
         self._record = record
+        self._alive = self._streamer_alive if alive is None else alive
         self.table = table
         self._fallback = fallback
         self._own: ShardFile | None = None
@@ -103,7 +109,7 @@ class FollowedShard(ShardFile):
             now = time.monotonic()
             if now - checked >= _ALIVE_CHECK:
                 checked = now
-                if not self._streamer_alive():
+                if not self._alive():
                     # It may have finished between our look and this check: look once more.
                     states = os.pread(self._record, last - first + 1, first)
                     return states == bytes([VERIFIED]) * (last - first + 1)

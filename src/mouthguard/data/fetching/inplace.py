@@ -56,6 +56,9 @@ class InPlaceShard(ShardFile):
             first); it writes or drops the record and releases the lock.
         advice: added to the message of a range that did not match (what to do
             about it, for a dataset whose files are the user's own).
+        matched_range: called from the hashing thread with ``k`` once range ``k``
+            matched, before any reader is told (it publishes the range to other
+            processes: :mod:`~mouthguard.data.fetching.verified`).
     """
 
     def __init__(
@@ -67,9 +70,11 @@ class InPlaceShard(ShardFile):
         finished: Callable[[bool], None],
         *,
         advice: str = "",
+        matched_range: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(fd, size, name)
         self.advice = advice
+        self._matched_range = matched_range
         self.table = table
         self._ranges = len(table.sha256)
         self._verified = 0  # ranges [0, _verified) matched
@@ -113,6 +118,8 @@ class InPlaceShard(ShardFile):
                         "sha256 does not match the manifest"
                     )
                     break
+                if self._matched_range is not None:
+                    self._matched_range(k)
                 with self._changed:
                     self._verified = k + 1
                     self._changed.notify_all()

@@ -12,6 +12,9 @@ process of one :class:`~mouthguard.data.loading.stream.StreamingDataset` names::
 
     <dir>/<name>.ok      the file's stat key when its bytes last hashed right
     <dir>/<name>.lock    held while one process hashes it; the others wait, then trust
+    <dir>/<name>.<stamp>.progress   while a shard is hashed range by range: which
+                         ranges matched, for the others to read them at once
+                         (:mod:`~mouthguard.data.fetching.inplacefollow`)
 
 where ``<name>`` is derived from the file's path, the part's offset and its
 expected sha256 (a part is a whole shard, or a verified byte range of a file such
@@ -40,9 +43,10 @@ import os
 import uuid
 from pathlib import Path
 
-from mouthguard.data.fetching.cache import Verify
+from mouthguard.data.fetching.cache import ShardFile, Verify
 from mouthguard.data.fetching.cachefiles import hash_range, read_stamp, stat_key
 from mouthguard.data.fetching.inplace import InPlaceShard
+from mouthguard.data.fetching.inplacefollow import RangeProgress, follow_in_place, progress_path
 from mouthguard.data.formats.part import Part
 from mouthguard.data.formats.records import RangeTable
 from mouthguard.errors import ShardDamagedError
@@ -101,17 +105,20 @@ class VerifiedFiles:
 
     def open_ranges(
         self, fd: int, path: str, part: Part, table: RangeTable, *, advice: str = ""
-    ) -> InPlaceShard | None:
+    ) -> ShardFile | None:
         """Shard ``part`` of ``fd`` handed out range by range as they match; None: trusted already.
 
         For a whole shard with a range table. None when the record says the file
-        hashed right (unchanged since), or when another process is verifying it:
-        then this one waits for it as :meth:`check` does and trusts its record.
-        Otherwise this process takes the file's lock and returns an
-        :class:`~mouthguard.data.fetching.inplace.InPlaceShard` that verifies the
-        ranges on a thread of its own and writes the record when all matched.
-        With ``verify="always"`` no record is read or written. ``advice`` ends
-        the message of a range that does not match.
+        hashed right (unchanged since). When another process is verifying it,
+        a shard that reads each range once that process's progress record says
+        it matched (:mod:`~mouthguard.data.fetching.inplacefollow`), or, with no
+        record to follow, None after waiting for it as :meth:`check` does and
+        trusting its record. Otherwise this process takes the file's lock and
+        returns an :class:`~mouthguard.data.fetching.inplace.InPlaceShard` that
+        verifies the ranges on a thread of its own, publishes each in its
+        progress record, and writes the record when all matched. With
+        ``verify="always"`` no record is read or written. ``advice`` ends the
+        message of a range that does not match. A returned shard owns ``fd``.
 
         Raises:
             ShardDamagedError: the file does not have the manifest's size, or
@@ -128,13 +135,13 @@ class VerifiedFiles:
         if read_stamp(record) == key:
             return None
         lock = try_lock(lock_path)
-        if lock is None:  # another process is verifying it: wait for its word
-            self.check(fd, path, part)
-            return None
+        if lock is None:  # another process is verifying it: follow it, or wait for its word
+            return self._follow(fd, path, part, table, key)
         try:
             if read_stamp(record) == key:  # verified by another process before we locked
                 close_lock_file(lock)
                 return None
+            progress = RangeProgress(progress_path(record, key), len(table.sha256))
         except BaseException:
             close_lock_file(lock)
             raise
@@ -150,9 +157,36 @@ class VerifiedFiles:
             except OSError as exc:
                 log.warning("the verification record of %s was not written: %s", part.name, exc)
             finally:
+                progress.end(matched)  # before the lock: a follower then sees the end
                 close_lock_file(lock)
 
-        return InPlaceShard(fd, part.size, part.name, table, finished, advice=advice)
+        return InPlaceShard(
+            fd, part.size, part.name, table, finished, advice=advice, matched_range=progress.matched
+        )
+
+    def _follow(
+        self, fd: int, path: str, part: Part, table: RangeTable, key: list[int]
+    ) -> ShardFile | None:
+        """Follow the process verifying ``part``; without its progress record, wait for it."""
+        record, lock = self.paths(path, part)
+
+        def fallback() -> ShardFile:
+            self.check(fd, path, part)  # its lock, then its record -- or a hash of our own
+            return ShardFile(os.dup(fd), part.size, part.name)
+
+        progress = progress_path(record, key)
+        followed = follow_in_place(
+            fd,
+            progress=progress,
+            lock=lock,
+            table=table,
+            size=part.size,
+            name=part.name,
+            fallback=fallback,
+        )
+        if followed is None:
+            self.check(fd, path, part)
+        return followed
 
     def paths(self, path: str, part: Part) -> tuple[Path, Path]:
         """The record and the lock of ``part`` of the file at ``path``."""
