@@ -21,9 +21,10 @@ in which a window's shuffle consumes them.
   that they agree). On a mismatch, or closed before the end, no record is
   written and the lock is released.
 * **Other processes** (DataLoader workers reading the same window) that open
-  the shard while it is being verified wait on its lock and then trust the
-  record, as they wait for a shard hashed whole; only the holder hands out
-  samples before the last range.
+  the shard while it is being verified follow it: ``matched_range`` publishes
+  each matched range in a progress record, and they read a range once it says
+  so (:mod:`~mouthguard.data.fetching.inplacefollow`); with no record to follow
+  they wait on the lock and then trust the record, as for a shard hashed whole.
 * **Bounds.** One thread per shard open and not yet verified, ending with the
   last range (the reader's window and the ``depth`` units the prefetcher,
   :mod:`~mouthguard.data.fetching.prefetch`, keeps open ahead of it); each holds
