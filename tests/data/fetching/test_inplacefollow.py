@@ -140,6 +140,7 @@ def test_a_follower_whose_verifier_died_verifies_the_shard_itself(
     assert got == [data[RANGE : RANGE + 10]]
     follower.close()
     assert len(list(files.root.glob("*.ok"))) == 1  # it hashed the file and said so
+    assert leftovers(files) == []  # and removed the killed verifier's record
 
 
 def test_the_record_of_a_file_since_changed_is_not_followed(shard: Path, tmp_path: Path) -> None:
@@ -155,3 +156,4 @@ def test_the_record_of_a_file_since_changed_is_not_followed(shard: Path, tmp_pat
     close_lock_file(lock)
     opener.join(timeout=10)
     assert got == [None]  # hashed whole by the opener, then trusted
+    assert leftovers(files) == []  # the record of the earlier state went with it

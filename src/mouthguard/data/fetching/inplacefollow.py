@@ -18,7 +18,8 @@ renamed in once the lock is held; a range's byte becomes 1 only after the
 range's bytes matched the manifest (on the hashing thread, before its own
 reader is told); on a mismatch, an error or an early close, every byte not yet
 1 becomes 2. It is removed when the verification ends, before the lock is
-released.
+released; one left by a killed verifier is removed by the next process that
+takes the lock to hash the file.
 
 A process that finds the lock taken opens the record for its own stat key and
 reads the file through its own descriptor, a range once its byte says 1
@@ -58,6 +59,17 @@ def progress_path(record: Path, key: list[int]) -> Path:
     """The progress record beside ``record`` (a ``.ok`` path) for a file of stat ``key``."""
     stamp = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
     return record.with_name(f"{record.stem}.{stamp}{PROGRESS}")
+
+
+def drop_progress(record: Path) -> None:
+    """Remove every progress record beside ``record`` (call with its lock held).
+
+    With the lock held no verification of the file is under way, so any record
+    left is a killed verifier's; the next verification writes its own.
+    """
+    for left in record.parent.glob(f"{record.stem}.*{PROGRESS}*"):  # drafts too
+        with contextlib.suppress(OSError):
+            left.unlink()
 
 
 class RangeProgress:

@@ -46,7 +46,12 @@ from pathlib import Path
 from mouthguard.data.fetching.cache import ShardFile, Verify
 from mouthguard.data.fetching.cachefiles import hash_range, read_stamp, stat_key
 from mouthguard.data.fetching.inplace import InPlaceShard
-from mouthguard.data.fetching.inplacefollow import RangeProgress, follow_in_place, progress_path
+from mouthguard.data.fetching.inplacefollow import (
+    RangeProgress,
+    drop_progress,
+    follow_in_place,
+    progress_path,
+)
 from mouthguard.data.formats.part import Part
 from mouthguard.data.formats.records import RangeTable
 from mouthguard.errors import ShardDamagedError
@@ -93,6 +98,7 @@ class VerifiedFiles:
         with flocked(lock):
             if read_stamp(record) == key:  # hashed by another process while we waited
                 return
+            drop_progress(record)  # a killed verifier's: nobody else holds the lock
             try:
                 _hash(fd, part)
             except ShardDamagedError:
@@ -141,6 +147,7 @@ class VerifiedFiles:
             if read_stamp(record) == key:  # verified by another process before we locked
                 close_lock_file(lock)
                 return None
+            drop_progress(record)  # a killed verifier's: nobody else holds the lock
             progress = RangeProgress(progress_path(record, key), len(table.sha256))
         except BaseException:
             close_lock_file(lock)
