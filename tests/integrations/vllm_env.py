@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +36,24 @@ def vllm_python() -> Path:
 def run_script(name: str, workdir: Path, *args: str, timeout: float = 840) -> dict[str, Any]:
     """Run ``vllm_scripts/<name>`` in the vLLM environment; its ``result.json``.
 
-    The script's output is shown only when it fails (the engine logs a lot).
+    The script's output is shown only when it fails (the engine logs a lot). The
+    engines' ZeroMQ sockets go to a directory of the run's own, removed after it:
+    vLLM puts them in the system's temporary directory and leaves them there.
     """
     python = vllm_python()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [str(python), str(SCRIPTS / name), str(workdir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
+    # Short, under the temporary directory: a socket's path must fit in 108 bytes.
+    with tempfile.TemporaryDirectory(prefix="vllm-rpc-") as sockets:
+        env["VLLM_RPC_BASE_PATH"] = sockets
+        done = subprocess.run(
+            [str(python), str(SCRIPTS / name), str(workdir), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-20000:] + done.stderr[-20000:])
         pytest.fail(f"{name} exited with {done.returncode} (its output is above)")
