@@ -118,7 +118,7 @@ def _verifying_by_hand(files: VerifiedFiles, shard: Path) -> tuple[int, RangePro
     fd = os.open(shard, os.O_RDONLY)
     key = stat_key(fd)
     os.close(fd)
-    progress = RangeProgress(progress_path(record, key), len(table_of(data).sha256))
+    progress = RangeProgress(progress_path(record), len(table_of(data).sha256), key)
     progress.matched(0)
     return lock, progress
 

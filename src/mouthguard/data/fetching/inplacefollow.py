@@ -9,19 +9,20 @@ on that lock until the whole shard has hashed: 25-140 ms per shard measured
 with 4 workers over 16 MiB shards, page cache dropped, at the start of each
 window. The verifying process keeps a record beside the lock::
 
-    <dir>/<name>.<stamp>.progress    one byte per range: 0 not yet, 1 matched, 2 given up
+    <dir>/<name>.progress    one byte per range: 0 not yet, 1 matched, 2 given up;
+                             then the stamp: 16 bytes derived from the file's stat key
 
-``<stamp>`` is derived from the file's stat key when the verification began,
-so a process only ever reads the record of the file as it sees it -- the
-stat-stamp rule of the ``.ok`` record. The record is written as zeros aside and
-renamed in once the lock is held; a range's byte becomes 1 only after the
-range's bytes matched the manifest (on the hashing thread, before its own
-reader is told); on a mismatch, an error or an early close, every byte not yet
-1 becomes 2. It is removed when the verification ends, before the lock is
-released; one left by a killed verifier is removed by the next process that
-takes the lock to hash the file.
+The stamp is taken from the file's stat key when the verification began, and a
+process follows only a record whose stamp is its own view of the file -- the
+stat-stamp rule of the ``.ok`` record. The record is written aside and renamed
+in once the lock is held; a range's byte becomes 1 only after the range's bytes
+matched the manifest (on the hashing thread, before its own reader is told); on
+a mismatch, an error or an early close, every byte not yet 1 becomes 2. It is
+removed when the verification ends, before the lock is released; one left by a
+killed verifier is removed by the next process that takes the lock to hash the
+file (one path, so no directory is listed).
 
-A process that finds the lock taken opens the record for its own stat key and
+A process that finds the lock taken opens the record, checks its stamp and
 reads the file through its own descriptor, a range once its byte says 1
 (:class:`~mouthguard.data.fetching.follow.FollowedShard`: polling every
 millisecond, checking every 100 ms that the verifier still holds the lock). It
@@ -53,23 +54,27 @@ from mouthguard.io.forklocks import close_lock_file, try_lock
 log = logging.getLogger(__name__)
 
 PROGRESS = ".progress"
+STAMP_BYTES = 16
 
 
-def progress_path(record: Path, key: list[int]) -> Path:
-    """The progress record beside ``record`` (a ``.ok`` path) for a file of stat ``key``."""
-    stamp = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
-    return record.with_name(f"{record.stem}.{stamp}{PROGRESS}")
+def progress_path(record: Path) -> Path:
+    """The progress record beside ``record`` (a ``.ok`` path)."""
+    return record.with_suffix(PROGRESS)
+
+
+def stamp_of(key: list[int]) -> bytes:
+    """The stamp of a file of stat ``key`` in a progress record."""
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:STAMP_BYTES].encode()
 
 
 def drop_progress(record: Path) -> None:
-    """Remove every progress record beside ``record`` (call with its lock held).
+    """Remove the progress record beside ``record`` (call with its lock held).
 
-    With the lock held no verification of the file is under way, so any record
+    With the lock held no verification of the file is under way, so a record
     left is a killed verifier's; the next verification writes its own.
     """
-    for left in record.parent.glob(f"{record.stem}.*{PROGRESS}*"):  # drafts too
-        with contextlib.suppress(OSError):
-            left.unlink()
+    with contextlib.suppress(OSError):
+        progress_path(record).unlink(missing_ok=True)
 
 
 class RangeProgress:
@@ -80,7 +85,7 @@ class RangeProgress:
     disk) is logged, and the others wait for the lock as they would without it.
     """
 
-    def __init__(self, path: Path, ranges: int) -> None:
+    def __init__(self, path: Path, ranges: int, key: list[int]) -> None:
         self.path = path
         self.ranges = ranges
         self._done = 0  # ranges [0, _done) marked matched
@@ -89,7 +94,7 @@ class RangeProgress:
         try:
             fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
-                write_at(fd, bytes(ranges), 0)
+                write_at(fd, bytes(ranges) + stamp_of(key), 0)
                 draft.replace(path)
             except BaseException:
                 os.close(fd)
@@ -136,24 +141,33 @@ def follow_in_place(
     fd: int,
     *,
     progress: Path,
+    key: list[int],
     lock: Path,
     table: RangeTable,
     size: int,
     name: str,
     fallback: Callable[[], ShardFile],
 ) -> FollowedShard | None:
-    """Read shard file ``fd`` as another process verifies it; None: no record to follow.
+    """Read shard file ``fd`` (of stat ``key``) as another process verifies it.
 
-    ``fd`` passes to the returned shard (closed with it); with None it stays the
-    caller's. ``fallback`` opens the shard the ordinary way (see the module docstring).
+    None: no record to follow. ``fd`` passes to the returned shard (closed with
+    it); with None it stays the caller's. ``fallback`` opens the shard the
+    ordinary way (see the module docstring).
     """
     try:
         record = os.open(progress, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return None  # not written yet, or finished meanwhile
-    if os.fstat(record).st_size != len(table.sha256):
+    ranges = len(table.sha256)
+    try:
+        ours = os.fstat(record).st_size == ranges + STAMP_BYTES and os.pread(
+            record, STAMP_BYTES, ranges
+        ) == stamp_of(key)
+    except OSError:
+        ours = False
+    if not ours:
         os.close(record)
-        return None  # not a record of this table
+        return None  # a record of another table, or of the file as it was
     return FollowedShard(fd, record, table, size, name, fallback, alive=lambda: _held(lock))
 
 

@@ -12,8 +12,8 @@ process of one :class:`~mouthguard.data.loading.stream.StreamingDataset` names::
 
     <dir>/<name>.ok      the file's stat key when its bytes last hashed right
     <dir>/<name>.lock    held while one process hashes it; the others wait, then trust
-    <dir>/<name>.<stamp>.progress   while a shard is hashed range by range: which
-                         ranges matched, for the others to read them at once
+    <dir>/<name>.progress   while a shard is hashed range by range: which ranges
+                         matched, for the others to read them at once
                          (:mod:`~mouthguard.data.fetching.inplacefollow`)
 
 where ``<name>`` is derived from the file's path, the part's offset and its
@@ -148,7 +148,7 @@ class VerifiedFiles:
                 close_lock_file(lock)
                 return None
             drop_progress(record)  # a killed verifier's: nobody else holds the lock
-            progress = RangeProgress(progress_path(record, key), len(table.sha256))
+            progress = RangeProgress(progress_path(record), len(table.sha256), key)
         except BaseException:
             close_lock_file(lock)
             raise
@@ -181,10 +181,10 @@ class VerifiedFiles:
             self.check(fd, path, part)  # its lock, then its record -- or a hash of our own
             return ShardFile(os.dup(fd), part.size, part.name)
 
-        progress = progress_path(record, key)
         followed = follow_in_place(
             fd,
-            progress=progress,
+            progress=progress_path(record),
+            key=key,
             lock=lock,
             table=table,
             size=part.size,
