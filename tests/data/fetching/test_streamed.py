@@ -91,8 +91,8 @@ def test_a_damaged_range_is_refused_before_any_of_its_samples(
 ) -> None:
     """Sequential order: exactly the samples that end before range 2 come out, then the error.
 
-    Also when one read covers ranges 0-3 (``coalesce=4``): each range is verified on
-    its own, so ranges 0 and 1 of that read are served and range 2 is refused.
+    Also when one read covers ranges 1-4 (``coalesce=4``; range 0 is read alone): each
+    range is verified on its own, so range 1 of that read is served and range 2 refused.
     """
     dataset = open_dataset(ds)
     index = dataset.read_index(dataset.manifest.shards[0])
@@ -115,8 +115,9 @@ def test_a_damaged_range_is_refused_before_any_of_its_samples(
 
 def test_a_bit_flipped_on_the_wire_is_refused(ds: Path, tmp_path: Path) -> None:
     """Every shard read comes back with one bit flipped: with one range per read, no
-    sample is ever yielded; with two (coalesced), one range of each read is damaged and
-    refused, the other verified on its own -- what is yielded is exact, then the error."""
+    sample is ever yielded; with two (coalesced, after each shard's first range), one
+    range of each read is damaged and refused, the other verified on its own -- what is
+    yielded is exact, then the error."""
     plan = FaultPlan(flip=1.0, ops=frozenset({"get"}), keys=".tar")
     stream = StreamingDataset(
         _tier(ds, plan), prefix="ds", cache_dir=tmp_path / "cache", range_coalesce=1

@@ -166,9 +166,10 @@ class StreamingDataset(IterableDataset[Any]):
             share the server with 31 others (docs/benchmarks-data.md).
         range_coalesce: adjacent pending ranges of a streamed shard one background
             read may cover (each still verified on its own before any sample
-            touching it is handed out; a range the reader waits for is read
-            alone): fewer, larger requests. Memory held by range reads is at most
-            ``range_parallel * range_coalesce`` ranges per process. The default,
+            touching it is handed out; a range the reader waits for, and a
+            shard's first range, are read alone): fewer, larger requests.
+            Memory held by range reads is at most ``range_parallel *
+            range_coalesce`` ranges per process. The default,
             2, measured 29% fewer GETs than 1 and no lower throughput at 20 ms
             per request in one process (with 4 workers this machine could not
             tell them apart); 4 cost throughput and first batch
