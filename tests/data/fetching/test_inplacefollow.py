@@ -49,6 +49,18 @@ def open_as(files: VerifiedFiles, path: Path, data: bytes) -> ShardFile | None:
     return handle
 
 
+def verifier_and_follower(
+    files: VerifiedFiles, shard: Path, data: bytes, gate: Gate
+) -> tuple[InPlaceShard, FollowedShard]:
+    """A verifier held by ``gate``, and a second opener of the same shard following it."""
+    verifier = open_as(files, shard, data)
+    assert isinstance(verifier, InPlaceShard)
+    assert gate.waiting.wait(timeout=10)  # the ranges before the gate matched
+    follower = open_as(files, shard, data)
+    assert isinstance(follower, FollowedShard)  # it does not wait for the whole shard
+    return verifier, follower
+
+
 def leftovers(files: VerifiedFiles) -> list[str]:
     return sorted(p.name for p in files.root.glob("*.progress*"))
 
@@ -58,13 +70,8 @@ def test_a_follower_reads_each_range_once_the_verifier_matched_it(
 ) -> None:
     files = VerifiedFiles(tmp_path / "record", "stat")
     data = shard.read_bytes()
-    table = table_of(data)
-    gate = Gate(monkeypatch, held=2)
-    verifier = open_ranges(files, shard, table)
-    assert isinstance(verifier, InPlaceShard)
-    assert gate.waiting.wait(timeout=10)  # ranges 0 and 1 matched; 2 is held
-    follower = open_ranges(files, shard, table)
-    assert isinstance(follower, FollowedShard)  # it does not wait for the whole shard
+    gate = Gate(monkeypatch, held=2)  # ranges 0 and 1 match; 2 is held
+    verifier, follower = verifier_and_follower(files, shard, data, gate)
     assert follower.read(0, 2 * RANGE) == data[: 2 * RANGE]
     thread, got = read_in_thread(follower, 2 * RANGE, 10)
     thread.join(timeout=0.3)
@@ -90,11 +97,7 @@ def test_a_follower_meets_a_damaged_range_as_the_verifier_does(
     damaged[3 * RANGE + 5] ^= 1
     shard.write_bytes(bytes(damaged))
     gate = Gate(monkeypatch, held=1)
-    verifier = open_as(files, shard, data)
-    assert isinstance(verifier, InPlaceShard)
-    assert gate.waiting.wait(timeout=10)
-    follower = open_as(files, shard, data)
-    assert isinstance(follower, FollowedShard)
+    verifier, follower = verifier_and_follower(files, shard, data, gate)
     assert follower.read(0, 10) == data[:10]  # range 0 matched
     thread, got = read_in_thread(follower, 3 * RANGE, 10)
     gate.open()  # the verifier meets range 3, gives up and lets go of the lock
@@ -157,3 +160,29 @@ def test_the_record_of_a_file_since_changed_is_not_followed(shard: Path, tmp_pat
     opener.join(timeout=10)
     assert got == [None]  # hashed whole by the opener, then trusted
     assert leftovers(files) == []  # the record of the earlier state went with it
+
+
+def test_a_follower_stops_looking_at_the_record_once_its_ranges_matched(
+    shard: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verified range never changes: reads within the verified prefix cost no look."""
+    files = VerifiedFiles(tmp_path / "record", "stat")
+    data = shard.read_bytes()
+    gate = Gate(monkeypatch, held=RANGES - 1)  # all but the last range match
+    verifier, follower = verifier_and_follower(files, shard, data, gate)
+    looks: list[int] = []
+    real = os.pread
+
+    def counting(fd: int, size: int, offset: int) -> bytes:
+        if size == RANGES and offset == 0:  # a look at the whole record
+            looks.append(fd)
+        return real(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", counting)
+    for offset in range(0, (RANGES - 1) * RANGE, 1000):  # 17 reads within ranges 0-3
+        assert follower.read(offset, 10) == data[offset : offset + 10]
+    assert len(looks) == 1
+    gate.open()
+    assert follower.read(len(data) - 10, 10) == data[-10:]  # the last range, once it matched
+    verifier.close()
+    follower.close()

@@ -84,24 +84,29 @@ class FollowedShard(ShardFile):
         self.table = table
         self._fallback = fallback
         self._own: ShardFile | None = None
-        self._verified = False  # every range seen verified: no more looking
+        #: Ranges [0, _ready) seen verified: a read within them looks at the record no
+        #: more (a verified range never changes), so a sample costs one ``pread``, not two.
+        self._ready = 0
 
     def read(self, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` once every range they touch is verified."""
         if self._own is not None:
             return self._own.read(offset, length)
-        if not self._verified and not self._wait(offset, length):
+        last = (offset + max(length, 1) - 1) // self.table.size
+        if last >= self._ready and not self._wait(offset // self.table.size, last):
             self._own = self._fallback()
             return self._own.read(offset, length)
         return super().read(offset, length)
 
-    def _wait(self, offset: int, length: int) -> bool:
-        """True once the ranges are verified; False: read it the ordinary way."""
-        first = offset // self.table.size
-        last = (offset + max(length, 1) - 1) // self.table.size
+    def _wait(self, first: int, last: int) -> bool:
+        """True once ranges ``first..last`` are verified; False: read it the ordinary way."""
         checked = time.monotonic()
         while True:
-            states = os.pread(self._record, last - first + 1, first)
+            record = os.pread(self._record, len(self.table.sha256), 0)
+            # The verified prefix, for the reads that follow; ranges may also be
+            # verified out of order (the reader's demands first), so look at ours too.
+            self._ready = max(self._ready, len(record) - len(record.lstrip(bytes([VERIFIED]))))
+            states = record[first : last + 1]
             if states == bytes([VERIFIED]) * (last - first + 1):
                 return True
             if GIVEN_UP in states:
