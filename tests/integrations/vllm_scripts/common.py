@@ -47,23 +47,48 @@ def make_model(directory: Path, **overrides: int) -> Path:
     return directory
 
 
-def start_engine(model: Path, **options: Any) -> Any:
+#: vLLM's switch between an engine in its own processes ("1", the default) and in the caller's.
+MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def start_engine(model: Path, *, in_process: bool = False, **options: Any) -> Any:
     """``vllm.LLM`` on ``model`` as every engine script runs it, plus ``options``.
 
     No tokenizer (prompts are token ids), eager mode (no graph capture to wait
     for), float32 and seed 0, so two engines given the same prompts agree token
     for token; ``options`` adds the load format or the KV transfer config.
-    """
-    from vllm import LLM  # noqa: PLC0415 - the engine only in the script's main
 
-    return LLM(
-        model=str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
-        seed=0,
-        **options,
-    )
+    By default the engine has the layout a user's ``LLM(...)`` gets on CPU: an
+    engine-core process and a worker process, each of which imports vLLM and torch
+    again (about 25 of the 31 s a start takes here). ``in_process=True`` runs the
+    core and its one worker in this process instead (vLLM's
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, about 7 s): for the engines whose process
+    layout is not what they test, such as the reference engines whose tokens the
+    others are compared with. The setting applies to this start only.
+    """
+    import vllm.envs  # noqa: PLC0415 - the engine only in the script's main
+    from vllm import LLM  # noqa: PLC0415
+
+    # An engine started in this process caches vLLM's environment variables for good;
+    # this start must read them again, or it inherits the last one's layout.
+    vllm.envs.disable_envs_cache()
+    previous = os.environ.get(MULTIPROCESSING)
+    if in_process:
+        os.environ[MULTIPROCESSING] = "0"
+    try:
+        return LLM(
+            model=str(model),
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="float32",
+            seed=0,
+            **options,
+        )
+    finally:
+        if previous is None:
+            os.environ.pop(MULTIPROCESSING, None)
+        else:
+            os.environ[MULTIPROCESSING] = previous
 
 
 def close_engine(llm: Any) -> None:

@@ -1,8 +1,10 @@
 """One engine-test run for the KV connector (run by tests/integrations/test_vllm_connector.py).
 
 Usage: ``python connector_e2e.py WORKDIR`` with the vLLM environment's interpreter.
-Runs three engines one after another, each its own engine process, and writes
-``WORKDIR/result.json``:
+Runs three engines one after another and writes ``WORKDIR/result.json``; the two
+with the connector have the layout a user's engine has on CPU (an engine-core
+process, where the connector's scheduler side runs, and a worker process, where its
+worker side runs):
 
 1. with the connector on ``WORKDIR/kv``: prompts A and C (computed, saved), then the
    engine's prefix cache is reset and prompt B, which shares A's first 520 tokens,
@@ -15,7 +17,8 @@ Runs three engines one after another, each its own engine process, and writes
    again (a new process: its store's RAM is empty, the blocks come from disk); then every data
    file of the store is damaged on disk and prompt C is generated (C's blocks
    are only on disk: each load fails its checksum and is recomputed);
-3. an engine without the connector: A, B and C, the reference tokens.
+3. an engine without the connector, in this process (its layout is not under test):
+   A, B and C, the reference tokens.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ STORE = {"disk_bytes": 64 << 20, "memory_bytes": 32 << 20}
 
 
 def engine(model: Path, kv_dir: Path | None, config_file: Path | None = None) -> Any:
-    """An engine with the connector on ``kv_dir`` (None: without it).
+    """An engine with the connector on ``kv_dir`` (None: without it, in this process).
 
     With ``config_file`` the options come from that mouthguard.toml's ``[kvcache]``
     (its ``disk_dir`` relative to the file, and asynchronous loads) instead of the
@@ -65,7 +68,7 @@ def engine(model: Path, kv_dir: Path | None, config_file: Path | None = None) ->
             kv_load_failure_policy="recompute",
             kv_connector_extra_config=extra,
         )
-    return start_engine(model, kv_transfer_config=transfer)
+    return start_engine(model, in_process=kv_dir is None, kv_transfer_config=transfer)
 
 
 def generate(llm: Any, name: str, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:

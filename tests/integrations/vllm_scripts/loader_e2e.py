@@ -9,12 +9,16 @@ hub snapshot, and on the checkpoint, with a model directory that holds only
 ``config.json`` (so no other loader could have found weights) -- and writes, for
 each, the generated tokens, the top-5 log-probabilities of every prompt and
 generated position, and the seconds from ``LLM(...)`` to the first request's end,
-to ``WORKDIR/result.json``. A fourth start, on a copy of the checkpoint with one
-byte flipped, must fail: its error and the engine's log are written too. A fifth
-engine runs the checkpoint with tensor parallelism 2 (two worker processes, each
-loading its own slices) and the mouthguard KV connector on disk, and sends the
-prompts twice with vLLM's prefix cache reset in between, so that the second pass's
-full blocks come from the connector's per-rank stores.
+to ``WORKDIR/result.json``. These three run in this process (``in_process``): what
+they compare is the weights each loader gives, not where the loader runs. A fourth
+start, on a copy of the checkpoint with one byte flipped, must fail: its error and
+the engine's log are written too; it has the layout a user's engine has (a core
+process and a worker process), so the error is checked where a user would meet it.
+A fifth engine runs the checkpoint with tensor parallelism 2 (two worker processes,
+each loading its own slices, which find the load format through mouthguard's vLLM
+plugin entry point) and the mouthguard KV connector on disk, and sends the prompts
+twice with vLLM's prefix cache reset in between, so that the second pass's full
+blocks come from the connector's per-rank stores.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ def run_engine(model: Path, load_format: str, extra: dict[str, Any] | None) -> d
     from vllm import SamplingParams  # noqa: PLC0415
 
     started = time.perf_counter()
-    llm = start_engine(model, load_format=load_format, model_loader_extra_config=extra or {})
+    llm = start_engine(
+        model, in_process=True, load_format=load_format, model_loader_extra_config=extra or {}
+    )
     params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=5, prompt_logprobs=5)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     seconds = time.perf_counter() - started
@@ -167,7 +173,8 @@ def main() -> None:
         "safetensors": run_engine(model, "safetensors", None),
         # No engine on the plain directory: the snapshot is one with links, which is the
         # same loader path plus the link rule (the plain folder is tests/weights' job),
-        # and every engine start costs a minute or more on a small machine.
+        # and every engine start costs a minute or more on a small machine (in its own
+        # processes; the three here run in this one).
         "mouthguard_hub": run_engine(snapshot, "mouthguard", None),
         "mouthguard_checkpoint": run_engine(
             config_only, "mouthguard", {"source": str(store), "run": "tiny", "step": 3}
