@@ -27,7 +27,7 @@ from mouthguard.errors import (
 from mouthguard.io.direct_write import DIRECT_MIN_BYTES, WriteError, write_stream
 from mouthguard.tiers.base import PutData, StableChunks, Tier, iter_buffers
 from mouthguard.tiers.object_keys import validate_key
-from mouthguard.tiers.posix import TMP_PREFIX, describe_oserror
+from mouthguard.tiers.posix import TMP_PREFIX, describe_oserror, links_below
 
 # O_NONBLOCK: opening a FIFO planted in the root must not hang a reader; it has
 # no effect on regular files.
@@ -65,9 +65,7 @@ class LocalFiles(Tier):
     def _path(self, key: str) -> Path:
         validate_key(key)
         path = self.root / key
-        # realpath resolves only the components that exist; any symbolic link
-        # among them makes the result differ from the lexical path.
-        if os.path.realpath(path.parent) != str(path.parent):
+        if links_below(self.root, key[: key.rfind("/") + 1]):
             raise LinkedPathError(
                 f"key {key!r} on tier {self.name!r} passes through a symbolic link: refused"
             )
