@@ -237,20 +237,24 @@ STALL_COLUMNS = (
     "workers",
     "cold: first batch ms",
     "cold: p50 / p99 / max ms",
+    "cold: all waits ms",
     "warm: first batch ms",
     "warm: p50 / p99 / max ms",
+    "warm: all waits ms",
     "load 1-min (cold, warm)",
 )
 
 
-def _stall(e: Epoch | None) -> tuple[str, str]:
+def _stall(e: Epoch | None) -> tuple[str, str, str]:
+    """First batch, p50 / p99 / max of the rest, and every wait summed (the first's too), in ms."""
     if e is None or not e.waits:
-        return "-", "-"
+        return "-", "-", "-"
     rest = e.waits[1:] or e.waits
     ms = [w * 1000 for w in rest]
     return (
         f"{e.waits[0] * 1000:.0f}",
         f"{percentile(ms, 50):.2f} / {percentile(ms, 99):.2f} / {max(ms):.1f}",
+        f"{sum(e.waits) * 1000:.0f}",
     )
 
 

@@ -150,7 +150,9 @@ def stall_text(info: RunInfo) -> list[str]:
         f"sleeps {info.step_ms:.0f} ms. The wait is the time `next()` took: how long the",
         "training loop waited for data beyond its step. p50 / p99 / max over every batch but",
         "the first; the first batch's wait (starting the workers, the first shard) on its",
-        "own. Cold and warm as above, in a fresh cell.",
+        "own; *all waits*, every wait of the epoch summed, the first batch's included (what",
+        "the epoch's data cost the training loop in all). Cold and warm as above, in a fresh",
+        "cell.",
     ]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.data.config import CellResult, Epoch
-from benchmarks.data.report import _stall_targets
+from benchmarks.data.report import _stall_targets, stall_cells
 
 
 def _epoch(state: str, first_ms: float, rest_ms: list[float]) -> Epoch:
@@ -65,3 +65,9 @@ def test_repeats_are_judged_by_their_median() -> None:
         "stall, local, warm, 4 workers: mouthguard (pack, StreamingDataLoader) p99 wait per step"
     ]
     assert "| 2.80 ms |" in warm and warm.endswith("| **met** |")  # median of 2.5, 9.0, 2.8
+
+
+def test_the_stall_row_sums_every_wait_the_first_included() -> None:
+    row = stall_cells(_cell("mouthguard", cold=(500.0, 2.0), warm=(40.0, 1.0)))
+    # 500 + 50 * 2 cold, 40 + 50 * 1 warm
+    assert row[2:8] == ["500", "2.00 / 2.00 / 2.0", "600", "40", "1.00 / 1.00 / 1.0", "90"]
