@@ -111,7 +111,7 @@ def test_raw_and_mouthguard_rows_in_every_table(report: str) -> None:
             found = rows_of(lines, label)
             assert len(found) == 1, f"{label!r} missing in {heading!r}"
             if "**not available**" not in found[0]:
-                expected = 8 if heading.startswith("### Stall") else 12
+                expected = 10 if heading.startswith("### Stall") else 12
                 assert found[0].count("|") == expected, found[0]  # every cell filled
                 if not heading.startswith("### Stall"):
                     # The CPU sums were measured: the loader's, the server's on S3 only.
